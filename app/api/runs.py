@@ -1,0 +1,84 @@
+"""Runs: create, list, get, stop; their metrics, checkpoints and rank output."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.deps import LauncherDep, SessionDep
+from app.errors import InvalidToken
+from app.models import Run, RunStatus
+from app.schemas import BatchIn, CheckpointOut, IngestResult, RunCreate, RunDetail, RunPage, SeriesOut
+from app.services import files, metrics, runs
+
+router = APIRouter(prefix="/api/runs", tags=["runs"])
+bearer = HTTPBearer(auto_error=False, description="The per-run token the launcher gives the trainer.")
+
+
+def trainer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+    if credentials is None:
+        raise InvalidToken("an Authorization: Bearer <token> header is required")
+    return credentials.credentials
+
+
+@router.post("", status_code=201, response_model=RunDetail, summary="Create a run; it starts when it fits")
+def create_run(spec: RunCreate, db: SessionDep, launcher: LauncherDep) -> Run:
+    return runs.create_run(db, spec=spec, launcher=launcher)
+
+
+@router.get("", response_model=RunPage, summary="List runs, newest first")
+def list_runs(
+    db: SessionDep,
+    status: RunStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> RunPage:
+    items, total = runs.list_runs(db, status=status, limit=limit, offset=offset)
+    return RunPage.model_validate({"items": items, "total": total, "limit": limit, "offset": offset},
+                                  from_attributes=True)
+
+
+@router.get("/{run_id}", response_model=RunDetail, summary="One run, with its lifecycle events")
+def get_run(run_id: int, db: SessionDep) -> Run:
+    return runs.get_run(db, run_id=run_id)
+
+
+@router.post("/{run_id}/stop", status_code=202, response_model=RunDetail, summary="Stop a run gracefully")
+def stop_run(run_id: int, db: SessionDep, launcher: LauncherDep) -> Run:
+    return runs.stop_run(db, run_id=run_id, launcher=launcher)
+
+
+@router.get("/{run_id}/metrics", summary="The metric keys a run has reported")
+def metric_keys(run_id: int, db: SessionDep) -> list[str]:
+    return metrics.series_keys(db, run_id=run_id)
+
+
+@router.post("/{run_id}/metrics", response_model=IngestResult, summary="Ingest a trainer's batch (idempotent)")
+def ingest(run_id: int, batch: BatchIn, db: SessionDep, token: Annotated[str, Depends(trainer_token)]) -> IngestResult:
+    return metrics.ingest(db, run_id=run_id, token=token, batch=batch)
+
+
+@router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut, summary="A metric series by step range")
+def read_series(
+    run_id: int,
+    key: str,
+    db: SessionDep,
+    start_step: Annotated[int, Query(ge=0)] = 0,
+    end_step: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+) -> SeriesOut:
+    return metrics.read_series(db, run_id=run_id, key=key, start_step=start_step, end_step=end_step, limit=limit)
+
+
+@router.get("/{run_id}/checkpoints", response_model=list[CheckpointOut], summary="A run's checkpoint files")
+def list_checkpoints(run_id: int, db: SessionDep, launcher: LauncherDep) -> list[CheckpointOut]:
+    return files.list_checkpoints(runs.get_run(db, run_id=run_id), launcher=launcher)
+
+
+@router.get("/{run_id}/output", summary="The last lines of each rank's stdout and stderr")
+def rank_output(
+    run_id: int, db: SessionDep, launcher: LauncherDep, lines: Annotated[int, Query(ge=1, le=1000)] = 50
+) -> list[files.RankOutput]:
+    return files.rank_outputs(runs.get_run(db, run_id=run_id), launcher=launcher, lines=lines)

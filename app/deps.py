@@ -1,0 +1,31 @@
+"""Typed dependencies for routes: the request's database session, the launcher, the settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from app.launcher.local import LocalLauncher
+from app.settings import Settings
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    """A session for one request; the service it calls begins and commits the transaction."""
+    with request.app.state.sessions() as db:
+        yield db
+
+
+def get_launcher(request: Request) -> LocalLauncher:
+    return request.app.state.launcher  # type: ignore[no-any-return]
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings  # type: ignore[no-any-return]
+
+
+SessionDep = Annotated[Session, Depends(get_db)]
+LauncherDep = Annotated[LocalLauncher, Depends(get_launcher)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]

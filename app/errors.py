@@ -1,0 +1,61 @@
+"""Domain errors, each with the HTTP status it becomes; `app.main` turns them into responses in one place."""
+
+from __future__ import annotations
+
+
+class RankboardError(Exception):
+    """Something the user asked for cannot be done; the message says why in their words."""
+
+    status_code = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class RunNotFound(RankboardError):
+    status_code = 404
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__(f"run {run_id} does not exist")
+
+
+class RunNotActive(RankboardError):
+    """The run is in a state where this cannot happen (stopping a finished run, metrics for a finished run)."""
+
+    status_code = 409
+
+
+class InvalidToken(RankboardError):
+    status_code = 401
+
+
+class FieldInvalid(RankboardError):
+    """One field of a request is wrong; reported like a validation error, naming the field."""
+
+    status_code = 422
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class FormInvalid(RankboardError):
+    """A submitted form has wrong fields: `errors` maps each field to what is wrong; `values` is what was sent."""
+
+    status_code = 422
+
+    def __init__(self, errors: dict[str, str], values: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        self.errors = errors
+        self.values = values
+
+
+class PathOutsideRoot(RankboardError):
+    status_code = 400
+
+
+class SchemaMismatch(RankboardError):
+    """The database's schema is not the one this code was written for; raised at start-up, never per request."""
+
+    status_code = 500

@@ -1,0 +1,1 @@
+"""Launchers own the processes of runs: start them, stop them, and tell how they ended."""

@@ -1,0 +1,168 @@
+"""The stored things: runs, their lifecycle events, and their metric series and points.
+
+The schema itself comes only from Alembic migrations (`migrations/`); these classes describe it to SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class RunStatus(str, enum.Enum):
+    """Where a run is in its lifecycle: queued -> starting -> running -> stopping -> one of the final four."""
+
+    queued = "queued"
+    starting = "starting"
+    running = "running"
+    stopping = "stopping"
+    succeeded = "succeeded"
+    failed = "failed"
+    stopped = "stopped"
+    lost = "lost"
+
+    @property
+    def is_final(self) -> bool:
+        return self in FINAL_STATUSES
+
+    @property
+    def has_process(self) -> bool:
+        return self in (RunStatus.starting, RunStatus.running, RunStatus.stopping)
+
+
+FINAL_STATUSES = frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.stopped, RunStatus.lost})
+
+
+STATUS_TYPE = Enum(RunStatus, native_enum=False, length=16, validate_strings=True)
+# SQLite makes only an INTEGER PRIMARY KEY its rowid; elsewhere points need 64 bits.
+POINT_ID_TYPE = BigInteger().with_variant(Integer, "sqlite")
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on every database (SQLite keeps no time zone of its own)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    status: Mapped[RunStatus] = mapped_column(STATUS_TYPE, index=True)
+    status_reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    # What to run: the trainer's options, as the user gave them.
+    workload: Mapped[str] = mapped_column(String(50))
+    nproc_per_node: Mapped[int] = mapped_column(Integer)
+    epochs: Mapped[int] = mapped_column(Integer)
+    batch_size: Mapped[int] = mapped_column(Integer)
+    lr: Mapped[float] = mapped_column(Float)
+    checkpoint_every: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(Integer)
+
+    # The trainer proves who it is with a token made for each launch; only its hash is kept.
+    token_hash: Mapped[str | None] = mapped_column(String(64))
+
+    # The process, as the launcher started it: enough for a restarted server to find it or declare it lost.
+    launch_id: Mapped[str | None] = mapped_column(String(32))
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pid_start_ticks: Mapped[int | None] = mapped_column(Integer)
+    command: Mapped[list[str] | None] = mapped_column(JSON)
+    devices: Mapped[list[int] | None] = mapped_column(JSON)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    stop_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    # The trainer's last report of where it stands; `heartbeat_at` is when it came.
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    step: Mapped[int] = mapped_column(Integer, default=0)
+    total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    trainer_finished: Mapped[bool] = mapped_column(default=False)
+    final_loss: Mapped[float | None] = mapped_column(Float)
+
+    events: Mapped[list[RunEvent]] = relationship(
+        back_populates="run", order_by="RunEvent.id", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+    @property
+    def folder(self) -> str:
+        """The run's folder name under `<shared>/checkpoints/` and `<shared>/logs/`."""
+        return f"run-{self.id}"
+
+
+class RunEvent(Base):
+    """One lifecycle transition, with a reason a person can read."""
+
+    __tablename__ = "run_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    status: Mapped[RunStatus] = mapped_column(STATUS_TYPE)
+    reason: Mapped[str] = mapped_column(Text)
+
+    run: Mapped[Run] = relationship(back_populates="events")
+
+
+class MetricSeries(Base):
+    """One metric key of one run; its points live in `metric_points`."""
+
+    __tablename__ = "metric_series"
+    __table_args__ = (UniqueConstraint("run_id", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(200))
+
+
+class MetricPoint(Base):
+    """One value at one step from one rank; unique on (series, step, rank) so a resent point is stored once.
+
+    `value` is NULL only for NaN: SQLite turns NaN into NULL, so that is how NaN is stored there.
+    """
+
+    __tablename__ = "metric_points"
+    __table_args__ = (UniqueConstraint("series_id", "step", "rank"),)
+
+    id: Mapped[int] = mapped_column(POINT_ID_TYPE, primary_key=True)
+    series_id: Mapped[int] = mapped_column(ForeignKey("metric_series.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer, default=0)
+    value: Mapped[float | None] = mapped_column(Float)
+    time: Mapped[float] = mapped_column(Float)

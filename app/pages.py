@@ -1,0 +1,136 @@
+"""The HTML pages: runs list, new-run form, run page with its live stream. Each route calls one service."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.templating import Jinja2Templates
+
+from app.deps import LauncherDep, SessionDep
+from app.errors import FieldInvalid, FormInvalid, RankboardError
+from app.forms import parse_run_form, run_form_fields
+from app.launcher.local import LocalLauncher
+from app.models import Run, RunStatus
+from app.schemas import RunCreate
+from app.services import files, metrics, runs
+from app.stream import Snapshot, run_events
+from app.templating import render_block
+
+router = APIRouter(include_in_schema=False)
+PAGE_SIZE = 25
+
+
+def templates_of(request: Request) -> Jinja2Templates:
+    return request.app.state.templates  # type: ignore[no-any-return]
+
+
+def page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
+    settings = request.app.state.settings
+    base = {"settings": settings, "shared_dir": settings.shared, "shared_fallback": settings.shared_dir_is_fallback}
+    return templates_of(request).TemplateResponse(request, name, {**base, **context}, status_code=status_code)
+
+
+async def form_values(request: Request) -> dict[str, str]:
+    """The posted form as strings, kept on the request so a field error can re-render the form with them."""
+    values = {key: str(value) for key, value in (await request.form()).items()}
+    request.state.form_values = values
+    return values
+
+
+FormValues = Annotated[dict[str, str], Depends(form_values)]
+HtmxRequest = Annotated[str | None, Header(alias="HX-Request")]
+
+
+@router.get("/", response_class=HTMLResponse)
+def runs_page(request: Request, db: SessionDep, status: RunStatus | None = None, page_number: int = 1) -> Response:
+    offset = (max(page_number, 1) - 1) * PAGE_SIZE
+    items, total = runs.list_runs(db, status=status, limit=PAGE_SIZE, offset=offset)
+    context = {"runs": items, "total": total, "status": status, "page_number": max(page_number, 1),
+               "pages": max(1, -(-total // PAGE_SIZE)), "statuses": list(RunStatus), "demo": RunCreate()}
+    if request.headers.get("HX-Target") == "runs-table":
+        return HTMLResponse(render_block(templates_of(request), "runs.html", "runs_table", context))
+    return page(request, "runs.html", context)
+
+
+@router.get("/runs/new", response_class=HTMLResponse)
+def new_run_page(request: Request, launcher: LauncherDep) -> Response:
+    return new_run_form(request, launcher=launcher, values={}, errors={})
+
+
+def new_run_form(
+    request: Request, *, launcher: LocalLauncher, values: dict[str, str], errors: dict[str, str], status_code: int = 200
+) -> HTMLResponse:
+    fields = run_form_fields(capacity=launcher.capacity)
+    context = {"fields": fields, "values": values, "errors": errors, "capacity": launcher.capacity,
+               "gpu_count": launcher.gpu_count}
+    return page(request, "new_run.html", context, status_code=status_code)
+
+
+@router.post("/runs")
+def create_run(db: SessionDep, launcher: LauncherDep, values: FormValues) -> Response:
+    run = runs.create_run(db, spec=parse_run_form(values), launcher=launcher)
+    return RedirectResponse(f"/runs/{run.id}", status_code=303)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: int, db: SessionDep, launcher: LauncherDep) -> Response:
+    return page(request, "run.html", run_context(runs.get_run(db, run_id=run_id), launcher=launcher))
+
+
+@router.post("/runs/{run_id}/stop")
+def stop_run(request: Request, run_id: int, db: SessionDep, launcher: LauncherDep, hx: HtmxRequest = None) -> Response:
+    run = runs.stop_run(db, run_id=run_id, launcher=launcher)
+    if hx:
+        return HTMLResponse(render_block(templates_of(request), "run.html", "status", run_context(run, launcher)))
+    return RedirectResponse(f"/runs/{run_id}", status_code=303)
+
+
+@router.get("/runs/{run_id}/stream")
+def run_stream(
+    request: Request, run_id: int, db: SessionDep, last_event_id: Annotated[int, Header()] = 0
+) -> StreamingResponse:
+    runs.get_run(db, run_id=run_id)  # a 404 now, rather than a stream that ends at once
+
+    def snapshot(after_id: int) -> Snapshot:
+        with request.app.state.sessions() as session:
+            run = runs.get_run(session, run_id=run_id)
+            points = metrics.new_points(session, run_id=run_id, after_id=after_id)
+            context = run_context(run, launcher=request.app.state.launcher)
+        templates = templates_of(request)
+        return Snapshot(points, render_block(templates, "run.html", "status", context),
+                        render_block(templates, "run.html", "output", context), run.status.is_final)
+
+    events = run_events(request, run_id=run_id, after_id=last_event_id, snapshot=snapshot)
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+def run_context(run: Run, launcher: LocalLauncher) -> dict[str, Any]:
+    """What the run page and its fragments show."""
+    elapsed = runs.elapsed(run)
+    eta = None
+    if elapsed is not None and 0 < run.step < run.total_steps and not run.status.is_final:
+        eta = elapsed * ((run.total_steps - run.step) / run.step)
+    return {
+        "run": run, "elapsed": elapsed, "eta": eta,
+        "percent": 100 * run.step / run.total_steps if run.total_steps else 0,
+        "outputs": [o for o in files.rank_outputs(run, launcher=launcher) if o.lines],
+        "checkpoints": files.list_checkpoints(run, launcher=launcher),
+        "checkpoint_dir": launcher.checkpoint_dir(run), "grace": timedelta(seconds=launcher.settings.stop_grace_s),
+    }  # fmt: skip
+
+
+def error_page(request: Request, exc: RankboardError) -> Response:
+    """A domain error as the form again (field errors on a form post), an htmx fragment, or a page."""
+    values = getattr(request.state, "form_values", None)
+    if values is not None and isinstance(exc, (FormInvalid, FieldInvalid)):
+        errors = exc.errors if isinstance(exc, FormInvalid) else {exc.field: exc.message}
+        launcher = request.app.state.launcher
+        return new_run_form(request, launcher=launcher, values=values, errors=errors, status_code=422)
+    context = {"message": exc.message, "status_code": exc.status_code}
+    if request.headers.get("HX-Request"):
+        fragment = render_block(templates_of(request), "error.html", "message", context)
+        return HTMLResponse(fragment, status_code=exc.status_code)
+    return page(request, "error.html", context, exc.status_code)

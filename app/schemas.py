@@ -1,0 +1,149 @@
+"""The shapes of the REST API: what it accepts (with the limits each field has) and what it answers."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, StringConstraints
+
+from app.models import RunStatus
+from trainer import wire
+
+WorkloadName = Literal[tuple(wire.WORKLOADS)]  # type: ignore[valid-type]
+
+
+
+def _metric_value(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return wire.decode_value(value) if isinstance(value, str) else value
+
+
+# A metric value: a JSON number, or "NaN" / "Infinity" / "-Infinity", which JSON cannot write as numbers.
+MetricValue = Annotated[
+    float,
+    BeforeValidator(_metric_value),
+    PlainSerializer(wire.encode_value, return_type=Any),
+]
+
+
+class RunCreate(BaseModel):
+    """A new run of a built-in workload. The limits here are shown in the form next to each field."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)] = Field(
+        default="demo", description="What you will recognise the run by."
+    )
+    workload: WorkloadName = Field(default="mlp", description="The built-in model and synthetic data set to train.")
+    nproc_per_node: int = Field(default=2, ge=1, le=1024, description="Processes (one per GPU) on this node.")
+    epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the data set.")
+    batch_size: int = Field(default=64, ge=1, le=65_536, description="Samples per step on each process.")
+    lr: float = Field(default=0.001, gt=0, le=10, allow_inf_nan=False, description="AdamW's learning rate.")
+    checkpoint_every: int = Field(default=1, ge=1, le=100_000, description="Write a checkpoint every N epochs.")
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="The same seed on every rank; same seed, same run.")
+
+
+class RunEventOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    at: datetime
+    status: RunStatus
+    reason: str
+
+
+class RunOut(BaseModel):
+    """A run as the API shows it."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    status: RunStatus
+    status_reason: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    workload: str
+    nproc_per_node: int
+    epochs: int
+    batch_size: int
+    lr: float
+    checkpoint_every: int
+    seed: int
+    command: list[str] | None
+    exit_code: int | None
+    epoch: int
+    step: int
+    total_steps: int
+    samples_per_s: float
+    heartbeat_at: datetime | None
+    final_loss: MetricValue | None
+
+
+class RunDetail(RunOut):
+    events: list[RunEventOut]
+
+
+class RunPage(BaseModel):
+    items: list[RunOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class PointIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_KEY_LENGTH)]
+    step: int = Field(ge=0, le=2**62, strict=True)  # strict: a step is an integer, never "7", 7.0 or true
+    value: MetricValue
+    rank: int = Field(default=0, ge=0, le=1_000_000, strict=True)
+    time: float = Field(default=0.0, allow_inf_nan=False)
+
+
+class ProgressIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    epoch: int = Field(ge=0)
+    epochs: int = Field(ge=0)
+    step: int = Field(ge=0)
+    total_steps: int = Field(ge=0)
+    samples_per_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    finished: bool = False
+
+
+class BatchIn(BaseModel):
+    """A batch of metric points from a trainer, with its progress; see `trainer.wire`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    points: list[PointIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
+    progress: ProgressIn | None = None
+
+
+class IngestResult(BaseModel):
+    accepted: int = Field(description="Points in the batch.")
+    stored: int = Field(description="Points that were new; the rest were already stored (a retry).")
+
+
+class PointOut(BaseModel):
+    step: int
+    rank: int
+    value: MetricValue
+    time: float
+
+
+class SeriesOut(BaseModel):
+    key: str
+    points: list[PointOut]
+    next_step: int | None = Field(description="Pass as start_step for the next page; null on the last page.")
+
+
+class CheckpointOut(BaseModel):
+    name: str
+    path: str = Field(description="Relative to the shared directory.")
+    size: int
+    modified: datetime
+    step: int | None

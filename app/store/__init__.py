@@ -1,0 +1,1 @@
+"""SQL over a session: plain functions that never commit and never raise HTTP errors."""

@@ -1,0 +1,99 @@
+"""Metric series and their points."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Insert, Table, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app.models import MetricPoint, MetricSeries
+
+POINTS: Table = MetricPoint.__table__  # type: ignore[assignment]
+SERIES: Table = MetricSeries.__table__  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class StoredPoint:
+    """A point as read back: `id` orders points by arrival, for cursors."""
+
+    id: int
+    key: str
+    step: int
+    rank: int
+    value: float
+    time: float
+
+
+def _insert_ignoring_duplicates(db: Session, table: Table) -> Insert:
+    dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
+    return dialect.insert(table).on_conflict_do_nothing()  # type: ignore[no-any-return]
+
+
+def series_ids(db: Session, *, run_id: int, keys: Iterable[str]) -> dict[str, int]:
+    """The series id of each key of the run, creating the series that do not exist yet."""
+    wanted = set(keys)
+    if not wanted:
+        return {}
+    db.execute(_insert_ignoring_duplicates(db, SERIES), [{"run_id": run_id, "key": key} for key in sorted(wanted)])
+    rows = db.execute(select(SERIES.c.key, SERIES.c.id).where(SERIES.c.run_id == run_id, SERIES.c.key.in_(wanted)))
+    return {key: series_id for key, series_id in rows}
+
+
+def insert_points(db: Session, rows: Sequence[dict[str, Any]]) -> int:
+    """Inserts points, skipping those already stored; returns how many were new.
+
+    One prepared statement executed for all rows: SQLite runs it in C without re-parsing, and on PostgreSQL
+    SQLAlchemy folds it into multi-row VALUES.
+    """
+    if not rows:
+        return 0
+    result = db.execute(_insert_ignoring_duplicates(db, POINTS), rows)
+    return max(result.rowcount, 0)  # type: ignore[attr-defined]
+
+
+def series_keys(db: Session, *, run_id: int) -> list[str]:
+    return list(db.scalars(select(SERIES.c.key).where(SERIES.c.run_id == run_id).order_by(SERIES.c.key)))
+
+
+def _point_columns() -> Any:
+    return select(POINTS.c.id, SERIES.c.key, POINTS.c.step, POINTS.c.rank, POINTS.c.value, POINTS.c.time).join(
+        SERIES, SERIES.c.id == POINTS.c.series_id
+    )
+
+
+def _stored(rows: Iterable[Any]) -> list[StoredPoint]:
+    # NULL stands for NaN (see MetricPoint).
+    return [StoredPoint(r.id, r.key, r.step, r.rank, math.nan if r.value is None else r.value, r.time) for r in rows]
+
+
+def points_in_range(
+    db: Session, *, run_id: int, key: str, start_step: int, end_step: int | None, limit: int
+) -> list[StoredPoint]:
+    """Points of one series with start_step <= step <= end_step, by step then rank."""
+    query = _point_columns().where(SERIES.c.run_id == run_id, SERIES.c.key == key, POINTS.c.step >= start_step)
+    if end_step is not None:
+        query = query.where(POINTS.c.step <= end_step)
+    return _stored(db.execute(query.order_by(POINTS.c.step, POINTS.c.rank).limit(limit)))
+
+
+def points_after(db: Session, *, run_id: int, after_id: int, limit: int) -> list[StoredPoint]:
+    """Points of every series of the run stored after the point with id `after_id`, in the order they came."""
+    query = _point_columns().where(SERIES.c.run_id == run_id, POINTS.c.id > after_id)
+    return _stored(db.execute(query.order_by(POINTS.c.id).limit(limit)))
+
+
+def last_value(db: Session, *, run_id: int, key: str) -> float | None:
+    """The value at the highest step of a series (rank 0), or None when it has no points."""
+    points = db.execute(
+        _point_columns()
+        .where(SERIES.c.run_id == run_id, SERIES.c.key == key, POINTS.c.rank == 0)
+        .order_by(POINTS.c.step.desc())
+        .limit(1)
+    )
+    stored = _stored(points)
+    return stored[0].value if stored else None

@@ -1,0 +1,36 @@
+"""Runs and their lifecycle events."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.models import Run, RunEvent, RunStatus
+
+
+def get_run(db: Session, run_id: int) -> Run | None:
+    return db.get(Run, run_id)
+
+
+def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int) -> tuple[Sequence[Run], int]:
+    """A page of runs, newest first, and how many match in all."""
+    query = select(Run)
+    if status is not None:
+        query = query.where(Run.status == status)
+    total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
+    runs = db.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
+    return runs, total
+
+
+def runs_with_status(db: Session, statuses: Iterable[RunStatus]) -> Sequence[Run]:
+    """Runs in any of `statuses`, oldest first (the order a queue is served in)."""
+    return db.scalars(select(Run).where(Run.status.in_(list(statuses))).order_by(Run.id)).all()
+
+
+def set_status(db: Session, run: Run, status: RunStatus, reason: str) -> None:
+    """Moves `run` to `status` and records the transition with its reason."""
+    run.status = status
+    run.status_reason = reason
+    db.add(RunEvent(run_id=run.id, status=status, reason=reason))

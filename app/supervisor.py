@@ -1,0 +1,47 @@
+"""A background thread that ticks the runs' lifecycle: it finishes ended runs and starts queued ones.
+
+It reads everything from the database and /proc on each tick, so a restarted server picks up the runs that
+outlived it: still alive, they are watched again; ended, they are finished from their recorded exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.launcher.local import LocalLauncher
+from app.services import runs
+
+log = logging.getLogger(__name__)
+
+
+class Supervisor:
+    def __init__(self, sessions: sessionmaker[Session], launcher: LocalLauncher, *, interval: float, grace: float):
+        self.sessions = sessions
+        self.launcher = launcher
+        self.interval = interval
+        self.grace = timedelta(seconds=grace)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rankboard-supervisor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def tick(self) -> None:
+        with self.sessions() as db:
+            runs.supervise(db, launcher=self.launcher, grace=self.grace)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad tick (a locked database, a full disk) must not end supervision
+                log.exception("supervisor tick failed; trying again")
+            self._stop.wait(self.interval)

@@ -1,0 +1,127 @@
+"""The ingest endpoint: one transaction per batch, idempotent on (run, key, step, rank), NaN and inf kept."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.models import Run, RunStatus
+from app.services.runs import hash_token
+from trainer import wire
+
+TOKEN = "t0ken-for-tests"
+
+
+@pytest.fixture
+def run_id(client: TestClient) -> int:
+    """A run as the launcher leaves it once torchrun is up: `running`, holding the hash of its token.
+
+    (The launch itself, which makes the token, is tested end to end with a real torchrun.)
+    """
+    run_id = int(client.post("/api/runs", json={"name": "ingest"}).json()["id"])
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
+    return run_id
+
+
+def post(client: TestClient, run_id: int, body: object, token: str = TOKEN):  # type: ignore[no-untyped-def]
+    return client.post(f"/api/runs/{run_id}/metrics", json=body, headers={"Authorization": f"Bearer {token}"})
+
+
+def series(client: TestClient, run_id: int, key: str = "loss") -> list[tuple[int, int, float]]:
+    points = client.get(f"/api/runs/{run_id}/metrics/{key}").json()["points"]
+    return [(p["step"], p["rank"], wire.decode_value(p["value"])) for p in points]
+
+
+def batch(*steps: int, key: str = "loss") -> dict:
+    return wire.Batch(tuple(wire.Point(key, s, 1.0 / s, 0, 1.7e9 + s) for s in steps)).to_json()
+
+
+def test_a_retried_batch_stores_each_point_once(client: TestClient, run_id: int) -> None:
+    first = post(client, run_id, batch(1, 2, 3))
+    retry = post(client, run_id, batch(2, 3, 4))
+    assert first.json() == {"accepted": 3, "stored": 3}
+    assert retry.json() == {"accepted": 3, "stored": 1}
+    assert [s for s, _, _ in series(client, run_id)] == [1, 2, 3, 4]
+
+
+def test_the_same_step_from_two_ranks_is_two_points(client: TestClient, run_id: int) -> None:
+    body = {"points": [{"key": "step_time", "step": 5, "value": 0.1, "rank": 0},
+                       {"key": "step_time", "step": 5, "value": 0.3, "rank": 1}]}
+    assert post(client, run_id, body).json()["stored"] == 2
+    assert series(client, run_id, "step_time") == [(5, 0, 0.1), (5, 1, 0.3)]
+
+
+def test_nan_and_infinities_are_stored_as_what_they_are(client: TestClient, run_id: int) -> None:
+    points = [wire.Point("loss", 1, math.nan), wire.Point("loss", 2, math.inf), wire.Point("loss", 3, -math.inf)]
+    assert post(client, run_id, wire.Batch(tuple(points)).to_json()).status_code == 200
+    values = [v for _, _, v in series(client, run_id)]
+    assert math.isnan(values[0]) and values[1:] == [math.inf, -math.inf]
+
+
+def test_keys_with_slashes_are_their_own_series(client: TestClient, run_id: int) -> None:
+    post(client, run_id, batch(1, key="val/loss"))
+    assert client.get(f"/api/runs/{run_id}/metrics").json() == ["val/loss"]
+    assert len(series(client, run_id, "val/loss")) == 1
+
+
+def test_progress_moves_a_starting_run_to_running_and_is_shown(client: TestClient, run_id: int) -> None:
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).status = RunStatus.starting
+    progress = {"epoch": 2, "epochs": 5, "step": 40, "total_steps": 100, "samples_per_s": 1234.5}
+    assert post(client, run_id, {"points": [], "progress": progress}).status_code == 200
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert (run["status"], run["epoch"], run["step"], run["total_steps"]) == ("running", 2, 40, 100)
+    assert run["heartbeat_at"] is not None
+
+
+@pytest.mark.parametrize(
+    ("point", "field"),
+    [
+        ({"key": "loss", "step": "seven", "value": 1.0}, "step"),
+        ({"key": "loss", "step": 1.5, "value": 1.0}, "step"),
+        ({"key": "loss", "step": -1, "value": 1.0}, "step"),
+        ({"key": "loss", "step": 1, "value": "low"}, "value"),
+        ({"key": "loss", "step": 1, "value": [1.0]}, "value"),
+        ({"key": "loss", "step": 1, "value": None}, "value"),
+        ({"key": "loss", "step": 1, "value": True}, "value"),
+        ({"key": "loss", "step": True, "value": 1.0}, "step"),
+        ({"key": "loss", "step": "3", "value": 1.0}, "step"),
+        ({"key": "", "step": 1, "value": 1.0}, "key"),
+        ({"key": "k" * 201, "step": 1, "value": 1.0}, "key"),
+        ({"key": "loss", "value": 1.0}, "step"),
+        ({"key": "loss", "step": 1, "value": 1.0, "rank": -1}, "rank"),
+    ],
+)
+def test_a_batch_with_one_bad_point_is_refused_whole(client: TestClient, run_id: int, point: dict, field: str) -> None:
+    good = {"key": "loss", "step": 1, "value": 1.0}
+    response = post(client, run_id, {"points": [good, point]})
+    assert response.status_code == 422
+    assert [e["loc"] for e in response.json()["detail"]][0][-1] == field
+    assert series(client, run_id) == []
+
+
+def test_wrong_or_missing_token_is_401_and_stores_nothing(client: TestClient, run_id: int) -> None:
+    assert post(client, run_id, batch(1), token="guess").status_code == 401
+    assert client.post(f"/api/runs/{run_id}/metrics", json=batch(1)).status_code == 401
+    assert series(client, run_id) == []
+
+
+def test_unknown_and_finished_runs_refuse_metrics(client: TestClient, run_id: int) -> None:
+    assert post(client, 999, batch(1)).status_code == 404
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).status = RunStatus.succeeded
+    refused = post(client, run_id, batch(1))
+    assert refused.status_code == 409 and "takes no more metrics" in refused.json()["detail"]
+    assert series(client, run_id) == []
+
+
+def test_series_pages_by_step_range(client: TestClient, run_id: int) -> None:
+    post(client, run_id, batch(*range(1, 11)))
+    first = client.get(f"/api/runs/{run_id}/metrics/loss", params={"limit": 4}).json()
+    assert ([p["step"] for p in first["points"]], first["next_step"]) == ([1, 2, 3, 4], 5)
+    ranged = client.get(f"/api/runs/{run_id}/metrics/loss", params={"start_step": 5, "end_step": 7}).json()
+    assert ([p["step"] for p in ranged["points"]], ranged["next_step"]) == ([5, 6, 7], None)
