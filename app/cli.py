@@ -19,8 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     db.add_argument("action", choices=["upgrade"], help="upgrade: bring the schema to the newest version")
     args = parser.parse_args(argv)
 
-    overrides = {k: v for k, v in {"host": getattr(args, "host", None), "port": getattr(args, "port", None)}.items()
-                 if v is not None}
+    overrides = {
+        k: v
+        for k, v in {"host": getattr(args, "host", None), "port": getattr(args, "port", None)}.items()
+        if v is not None
+    }
     settings = Settings(**overrides)
     if args.command == "db":
         from app.db import upgrade
@@ -42,8 +45,11 @@ def serve_app(settings: Settings) -> int:
     except SchemaMismatch as exc:
         print(f"rankboard: {exc.message}", file=sys.stderr)
         return 1
-    print(f"Rankboard on http://{settings.host}:{settings.port}  (data: {settings.data_dir}, "
-          f"shared: {settings.shared}{' [fallback]' if settings.shared_dir_is_fallback else ''})", flush=True)
+    print(
+        f"Rankboard on http://{settings.host}:{settings.port}  (data: {settings.data_dir}, "
+        f"shared: {settings.shared}{' [fallback]' if settings.shared_dir_is_fallback else ''})",
+        flush=True,
+    )
     # One worker: uvicorn with several leaves Nagle on and stalls kept-alive requests ~44 ms (Kludex/uvicorn#3149).
     uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info")
     return 0

@@ -19,11 +19,11 @@ def get_db(request: Request) -> Iterator[Session]:
 
 
 def get_launcher(request: Request) -> LocalLauncher:
-    return request.app.state.launcher  # type: ignore[no-any-return]
+    return request.app.state.launcher
 
 
 def get_settings(request: Request) -> Settings:
-    return request.app.state.settings  # type: ignore[no-any-return]
+    return request.app.state.settings
 
 
 SessionDep = Annotated[Session, Depends(get_db)]

@@ -41,11 +41,15 @@ def run_form_fields(*, capacity: int) -> list[FormField]:
     for name, prop in RunCreate.model_json_schema()["properties"].items():
         label = LABELS.get(name, name.replace("_", " ").capitalize())
         if name == "workload":
-            fields.append(FormField(name, label, "select", prop["default"], prop["description"],
-                                    choices=tuple(wire.WORKLOADS.items())))
+            fields.append(
+                FormField(
+                    name, label, "select", prop["default"], prop["description"], choices=tuple(wire.WORKLOADS.items())
+                )
+            )
         elif prop.get("type") == "string":
-            fields.append(FormField(name, label, "text", prop["default"], prop["description"],
-                                    maximum=prop.get("maxLength")))
+            fields.append(
+                FormField(name, label, "text", prop["default"], prop["description"], maximum=prop.get("maxLength"))
+            )
         else:
             maximum = min(prop["maximum"], capacity) if name == "nproc_per_node" else prop["maximum"]
             fields.append(FormField(

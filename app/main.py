@@ -41,8 +41,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         supervisor.stop()
         engine.dispose()
 
-    app = FastAPI(title="Rankboard", version="0.1.0", lifespan=lifespan,
-                  description="Start, stop and watch PyTorch DDP training runs.")
+    app = FastAPI(
+        title="Rankboard",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Start, stop and watch PyTorch DDP training runs.",
+    )
     app.state.settings, app.state.sessions, app.state.launcher = settings, sessions, launcher
     app.state.supervisor, app.state.templates = supervisor, make_templates()
     app.add_exception_handler(RankboardError, _error_response)  # type: ignore[arg-type]

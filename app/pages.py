@@ -24,7 +24,7 @@ PAGE_SIZE = 25
 
 
 def templates_of(request: Request) -> Jinja2Templates:
-    return request.app.state.templates  # type: ignore[no-any-return]
+    return request.app.state.templates
 
 
 def page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
@@ -48,8 +48,15 @@ HtmxRequest = Annotated[str | None, Header(alias="HX-Request")]
 def runs_page(request: Request, db: SessionDep, status: RunStatus | None = None, page_number: int = 1) -> Response:
     offset = (max(page_number, 1) - 1) * PAGE_SIZE
     items, total = runs.list_runs(db, status=status, limit=PAGE_SIZE, offset=offset)
-    context = {"runs": items, "total": total, "status": status, "page_number": max(page_number, 1),
-               "pages": max(1, -(-total // PAGE_SIZE)), "statuses": list(RunStatus), "demo": RunCreate()}
+    context = {
+        "runs": items,
+        "total": total,
+        "status": status,
+        "page_number": max(page_number, 1),
+        "pages": max(1, -(-total // PAGE_SIZE)),
+        "statuses": list(RunStatus),
+        "demo": RunCreate(),
+    }
     if request.headers.get("HX-Target") == "runs-table":
         return HTMLResponse(render_block(templates_of(request), "runs.html", "runs_table", context))
     return page(request, "runs.html", context)
@@ -64,8 +71,13 @@ def new_run_form(
     request: Request, *, launcher: LocalLauncher, values: dict[str, str], errors: dict[str, str], status_code: int = 200
 ) -> HTMLResponse:
     fields = run_form_fields(capacity=launcher.capacity)
-    context = {"fields": fields, "values": values, "errors": errors, "capacity": launcher.capacity,
-               "gpu_count": launcher.gpu_count}
+    context = {
+        "fields": fields,
+        "values": values,
+        "errors": errors,
+        "capacity": launcher.capacity,
+        "gpu_count": launcher.gpu_count,
+    }
     return page(request, "new_run.html", context, status_code=status_code)
 
 
@@ -89,19 +101,24 @@ def stop_run(request: Request, run_id: int, db: SessionDep, launcher: LauncherDe
 
 
 @router.get("/runs/{run_id}/stream")
-def run_stream(
-    request: Request, run_id: int, db: SessionDep, last_event_id: Annotated[int, Header()] = 0
-) -> StreamingResponse:
-    runs.get_run(db, run_id=run_id)  # a 404 now, rather than a stream that ends at once
+def run_stream(request: Request, run_id: int, last_event_id: Annotated[int, Header()] = 0) -> StreamingResponse:
+    # No request-long session: an SSE connection lasts hours, and an open read transaction would keep SQLite
+    # from checkpointing its WAL all that time. Each poll opens and closes its own.
+    with request.app.state.sessions() as session:
+        runs.get_run(session, run_id=run_id)  # a 404 now, rather than a stream that ends at once
 
     def snapshot(after_id: int) -> Snapshot:
-        with request.app.state.sessions() as session:
+        templates = templates_of(request)
+        with request.app.state.sessions() as session:  # rendering reads the run's events: keep the session open
             run = runs.get_run(session, run_id=run_id)
             points = metrics.new_points(session, run_id=run_id, after_id=after_id)
             context = run_context(run, launcher=request.app.state.launcher)
-        templates = templates_of(request)
-        return Snapshot(points, render_block(templates, "run.html", "status", context),
-                        render_block(templates, "run.html", "output", context), run.status.is_final)
+            return Snapshot(
+                points,
+                render_block(templates, "run.html", "status", context),
+                render_block(templates, "run.html", "output", context),
+                run.status.is_final,
+            )
 
     events = run_events(request, run_id=run_id, after_id=last_event_id, snapshot=snapshot)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})

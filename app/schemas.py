@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, StringConstraints
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, StringConstraints
 
 from app.models import RunStatus
 from trainer import wire
 
-WorkloadName = Literal[tuple(wire.WORKLOADS)]  # type: ignore[valid-type]
 
+def _known_workload(name: str) -> str:
+    if name not in wire.WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of: {', '.join(wire.WORKLOADS)}")
+    return name
+
+
+WorkloadName = Annotated[str, AfterValidator(_known_workload), Field(json_schema_extra={"enum": list(wire.WORKLOADS)})]
 
 
 def _metric_value(value: Any) -> Any:

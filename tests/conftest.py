@@ -32,8 +32,7 @@ def free_port() -> int:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     """Settings on a fresh data folder; the supervisor ticks once at start and then sleeps, so nothing launches."""
-    return Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared", supervise_interval_s=3600,
-                    slots=2)
+    return Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared", supervise_interval_s=3600, slots=2)
 
 
 @pytest.fixture
@@ -49,14 +48,21 @@ class LiveServer:
         self.root = root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ, "RANKBOARD_DATA_DIR": str(root / "data"), "RANKBOARD_SHARED_DIR": str(root / "shared"),
-                    "RANKBOARD_PORT": str(self.port), "RANKBOARD_SUPERVISE_INTERVAL_S": "0.2", **env}
+        self.env = {
+            **os.environ,
+            "RANKBOARD_DATA_DIR": str(root / "data"),
+            "RANKBOARD_SHARED_DIR": str(root / "shared"),
+            "RANKBOARD_PORT": str(self.port),
+            "RANKBOARD_SUPERVISE_INTERVAL_S": "0.2",
+            **env,
+        }
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - closed with the process
-        self.process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], cwd=REPO, env=self.env,
-                                        stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve"], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -80,8 +86,11 @@ class LiveServer:
 
 def run_processes(root: Path) -> list[int]:
     """Live processes started for runs under `root` (their environment names a run folder there)."""
-    return [pid for run_dir in (root / "shared" / "logs").glob("run-*")
-            for pid in processes.pids_with_env(wire.ENV_RUN_DIR, str(run_dir))]
+    return [
+        pid
+        for run_dir in (root / "shared" / "logs").glob("run-*")
+        for pid in processes.pids_with_env(wire.ENV_RUN_DIR, str(run_dir))
+    ]
 
 
 @pytest.fixture

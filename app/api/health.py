@@ -21,5 +21,11 @@ class Health(BaseModel):
 
 @router.get("/health", response_model=Health, summary="Is the server up, and with what")
 def health(settings: SettingsDep, launcher: LauncherDep) -> Health:
-    return Health(status="ok", shared_dir=str(settings.shared), shared_dir_is_fallback=settings.shared_dir_is_fallback,
-                  launcher="local", process_slots=launcher.capacity, gpus=launcher.gpu_count)
+    return Health(
+        status="ok",
+        shared_dir=str(settings.shared),
+        shared_dir_is_fallback=settings.shared_dir_is_fallback,
+        launcher="local",
+        process_slots=launcher.capacity,
+        gpus=launcher.gpu_count,
+    )

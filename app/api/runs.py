@@ -36,8 +36,9 @@ def list_runs(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> RunPage:
     items, total = runs.list_runs(db, status=status, limit=limit, offset=offset)
-    return RunPage.model_validate({"items": items, "total": total, "limit": limit, "offset": offset},
-                                  from_attributes=True)
+    return RunPage.model_validate(
+        {"items": items, "total": total, "limit": limit, "offset": offset}, from_attributes=True
+    )
 
 
 @router.get("/{run_id}", response_model=RunDetail, summary="One run, with its lifecycle events")

@@ -45,9 +45,7 @@ def list_checkpoints(run: Run, *, launcher: LocalLauncher) -> list[CheckpointOut
 def rank_outputs(run: Run, *, launcher: LocalLauncher, lines: int = 20) -> list[RankOutput]:
     """The last `lines` lines of each rank's stdout and stderr, from torchrun's latest attempt."""
     # torchrun --log-dir D --redirects 3 writes D/<rdzv id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log
-    attempts = sorted(
-        (launcher.run_dir(run) / "ranks").glob("*/attempt_*"), key=lambda p: (p.stat().st_mtime, p.name)
-    )
+    attempts = sorted((launcher.run_dir(run) / "ranks").glob("*/attempt_*"), key=lambda p: (p.stat().st_mtime, p.name))
     if not attempts:
         return []
     outputs = []

@@ -41,9 +41,7 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
     return IngestResult(accepted=len(rows), stored=stored)
 
 
-def read_series(
-    db: Session, *, run_id: int, key: str, start_step: int, end_step: int | None, limit: int
-) -> SeriesOut:
+def read_series(db: Session, *, run_id: int, key: str, start_step: int, end_step: int | None, limit: int) -> SeriesOut:
     """A page of one series by step; `next_step` continues it."""
     get_run(db, run_id=run_id)
     points = metric_store.points_in_range(

@@ -31,7 +31,7 @@ class StoredPoint:
 
 def _insert_ignoring_duplicates(db: Session, table: Table) -> Insert:
     dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
-    return dialect.insert(table).on_conflict_do_nothing()  # type: ignore[no-any-return]
+    return dialect.insert(table).on_conflict_do_nothing()
 
 
 def series_ids(db: Session, *, run_id: int, keys: Iterable[str]) -> dict[str, int]:

@@ -8,36 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.models import Run, RunStatus
-from app.services.runs import hash_token
+from tests.app.conftest import batch, post, series
 from trainer import wire
-
-TOKEN = "t0ken-for-tests"
-
-
-@pytest.fixture
-def run_id(client: TestClient) -> int:
-    """A run as the launcher leaves it once torchrun is up: `running`, holding the hash of its token.
-
-    (The launch itself, which makes the token, is tested end to end with a real torchrun.)
-    """
-    run_id = int(client.post("/api/runs", json={"name": "ingest"}).json()["id"])
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        run = db.get(Run, run_id)
-        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
-    return run_id
-
-
-def post(client: TestClient, run_id: int, body: object, token: str = TOKEN):  # type: ignore[no-untyped-def]
-    return client.post(f"/api/runs/{run_id}/metrics", json=body, headers={"Authorization": f"Bearer {token}"})
-
-
-def series(client: TestClient, run_id: int, key: str = "loss") -> list[tuple[int, int, float]]:
-    points = client.get(f"/api/runs/{run_id}/metrics/{key}").json()["points"]
-    return [(p["step"], p["rank"], wire.decode_value(p["value"])) for p in points]
-
-
-def batch(*steps: int, key: str = "loss") -> dict:
-    return wire.Batch(tuple(wire.Point(key, s, 1.0 / s, 0, 1.7e9 + s) for s in steps)).to_json()
 
 
 def test_a_retried_batch_stores_each_point_once(client: TestClient, run_id: int) -> None:
@@ -49,8 +21,12 @@ def test_a_retried_batch_stores_each_point_once(client: TestClient, run_id: int)
 
 
 def test_the_same_step_from_two_ranks_is_two_points(client: TestClient, run_id: int) -> None:
-    body = {"points": [{"key": "step_time", "step": 5, "value": 0.1, "rank": 0},
-                       {"key": "step_time", "step": 5, "value": 0.3, "rank": 1}]}
+    body = {
+        "points": [
+            {"key": "step_time", "step": 5, "value": 0.1, "rank": 0},
+            {"key": "step_time", "step": 5, "value": 0.3, "rank": 1},
+        ]
+    }
     assert post(client, run_id, body).json()["stored"] == 2
     assert series(client, run_id, "step_time") == [(5, 0, 0.1), (5, 1, 0.3)]
 
@@ -100,7 +76,7 @@ def test_a_batch_with_one_bad_point_is_refused_whole(client: TestClient, run_id:
     good = {"key": "loss", "step": 1, "value": 1.0}
     response = post(client, run_id, {"points": [good, point]})
     assert response.status_code == 422
-    assert [e["loc"] for e in response.json()["detail"]][0][-1] == field
+    assert next(e["loc"] for e in response.json()["detail"])[-1] == field
     assert series(client, run_id) == []
 
 

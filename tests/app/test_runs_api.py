@@ -14,8 +14,13 @@ def test_create_then_get_and_list(client: TestClient) -> None:
     created = client.post("/api/runs", json={"name": "baseline", "epochs": 3, "lr": 0.01})
     assert created.status_code == 201
     run = created.json()
-    assert (run["name"], run["status"], run["epochs"], run["lr"], run["nproc_per_node"]) == ("baseline", "queued", 3,
-                                                                                               0.01, 2)
+    assert (run["name"], run["status"], run["epochs"], run["lr"], run["nproc_per_node"]) == (
+        "baseline",
+        "queued",
+        3,
+        0.01,
+        2,
+    )
     assert [e["status"] for e in run["events"]] == ["queued"]
     assert client.get(f"/api/runs/{run['id']}").json()["name"] == "baseline"
     assert [r["id"] for r in client.get("/api/runs").json()["items"]] == [run["id"]]
@@ -78,8 +83,9 @@ def test_malformed_json_is_a_422_not_a_500(client: TestClient) -> None:
     assert response.json()["detail"][0]["type"] == "json_invalid"
 
 
-@pytest.mark.parametrize("path", ["/api/runs/999", "/api/runs/999/metrics", "/api/runs/999/metrics/loss",
-                                  "/api/runs/999/checkpoints"])
+@pytest.mark.parametrize(
+    "path", ["/api/runs/999", "/api/runs/999/metrics", "/api/runs/999/metrics/loss", "/api/runs/999/checkpoints"]
+)
 def test_unknown_run_is_404(client: TestClient, path: str) -> None:
     response = client.get(path)
     assert response.status_code == 404 and response.json()["detail"] == "run 999 does not exist"
@@ -94,7 +100,12 @@ def test_bad_query_parameters_are_named(client: TestClient) -> None:
 def test_openapi_documents_every_operation(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
     assert {"post", "get"} <= set(paths["/api/runs"])
-    for path in ["/api/runs/{run_id}", "/api/runs/{run_id}/stop", "/api/runs/{run_id}/metrics",
-                 "/api/runs/{run_id}/metrics/{key}", "/api/runs/{run_id}/checkpoints"]:
+    for path in [
+        "/api/runs/{run_id}",
+        "/api/runs/{run_id}/stop",
+        "/api/runs/{run_id}/metrics",
+        "/api/runs/{run_id}/metrics/{key}",
+        "/api/runs/{run_id}/checkpoints",
+    ]:
         assert path in paths
     assert client.get("/docs").status_code == 200

@@ -1,0 +1,54 @@
+"""The run page's server-sent events: points, status and output fragments, resumable by Last-Event-ID."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi.testclient import TestClient
+
+from app.models import Run, RunStatus
+from tests.app.conftest import batch, post
+
+
+def events(text: str) -> list[tuple[str, str, str | None]]:
+    """(event, data, id) of each message of an SSE body."""
+    parsed = []
+    for block in text.strip().split("\n\n"):
+        fields: dict[str, list[str]] = {}
+        for line in block.splitlines():
+            name, _, value = line.partition(": ")
+            fields.setdefault(name, []).append(value)
+        parsed.append((fields["event"][0], "\n".join(fields.get("data", [])), (fields.get("id") or [None])[0]))
+    return parsed
+
+
+def finish(client: TestClient, run_id: int) -> None:
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).status = RunStatus.succeeded
+
+
+def test_a_finished_runs_stream_sends_everything_then_ends(client: TestClient, run_id: int) -> None:
+    post(client, run_id, batch(1, 2, 3))
+    finish(client, run_id)
+    received = events(client.get(f"/runs/{run_id}/stream").text)
+    kinds = [kind for kind, _, _ in received]
+    assert kinds == ["points", "status", "output", "end"]
+    points = json.loads(received[0][1])["series"]["loss"]
+    assert points["steps"] == [1, 2, 3] and points["ranks"] == [0, 0, 0]
+    assert 'id="status"' in received[1][1] and "succeeded" in received[1][1]
+
+
+def test_a_reconnecting_page_gets_only_what_it_has_not_seen(client: TestClient, run_id: int) -> None:
+    post(client, run_id, batch(1, 2))
+    finish(client, run_id)
+    last_id = events(client.get(f"/runs/{run_id}/stream").text)[0][2]
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).status = RunStatus.running
+    post(client, run_id, batch(2, 3, 4))  # step 2 again (a retry): stored once, so never sent twice
+    finish(client, run_id)
+    again = events(client.get(f"/runs/{run_id}/stream", headers={"Last-Event-ID": str(last_id)}).text)
+    assert json.loads(again[0][1])["series"]["loss"]["steps"] == [3, 4]
+
+
+def test_stream_of_unknown_run_is_404(client: TestClient) -> None:
+    assert client.get("/runs/77/stream").status_code == 404

@@ -1,0 +1,104 @@
+"""End to end: a real `rankboard serve` and a real 2-rank torchrun (gloo), read back as a user reads them."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import pytest
+import torch
+
+from app.launcher import processes
+from tests.conftest import LiveServer, run_processes, wait_for
+
+pytestmark = pytest.mark.e2e
+FINAL = {"succeeded", "failed", "stopped", "lost"}
+
+
+def create(api: httpx.Client, **options: object) -> dict:
+    response = api.post("/api/runs", json={"name": "e2e", "nproc_per_node": 2, **options})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def wait_status(api: httpx.Client, run_id: int, statuses: set[str], timeout: float) -> dict:
+    def reached() -> dict | None:
+        run = api.get(f"/api/runs/{run_id}").json()
+        return run if run["status"] in statuses else None
+
+    return wait_for(reached, timeout, what=f"run {run_id} to become one of {sorted(statuses)}")  # type: ignore[no-any-return]
+
+
+def loss_steps(api: httpx.Client, run_id: int) -> list[tuple[int, float]]:
+    points = api.get(f"/api/runs/{run_id}/metrics/loss", params={"limit": 100_000}).json()["points"]
+    return [(p["step"], p["value"]) for p in points]
+
+
+def output(server: LiveServer, run_id: int) -> str:
+    with server.api() as api:
+        return "\n".join(line for o in api.get(f"/api/runs/{run_id}/output").json() for line in o["lines"])
+
+
+def test_a_run_trains_reports_every_step_once_and_leaves_loadable_checkpoints(live_server: LiveServer) -> None:
+    with live_server.api() as api:
+        run = create(api, epochs=2, batch_size=128, checkpoint_every=1)
+        done = wait_status(api, run["id"], FINAL, timeout=180)
+        assert done["status"] == "succeeded", (done["status_reason"], output(live_server, run["id"]))
+
+        steps = loss_steps(api, run["id"])
+        assert [s for s, _ in steps] == list(range(1, done["total_steps"] + 1))  # every step, exactly once
+        first, last = steps[:20], steps[-20:]
+        assert sum(v for _, v in last) / 20 < 0.7 * sum(v for _, v in first) / 20  # the loss went down
+        assert done["final_loss"] == pytest.approx(steps[-1][1])
+
+        checkpoints = api.get(f"/api/runs/{run['id']}/checkpoints").json()
+        assert [c["step"] for c in checkpoints] == [done["total_steps"] // 2, done["total_steps"]]
+    for checkpoint in checkpoints:
+        state = torch.load(live_server.root / "shared" / checkpoint["path"], weights_only=True)
+        assert {"model", "optimizer", "epoch", "step"} <= set(state) and state["step"] == checkpoint["step"]
+    assert run_processes(live_server.root) == []
+
+
+def test_stop_midway_saves_a_checkpoint_and_leaves_no_process(live_server: LiveServer) -> None:
+    with live_server.api() as api:
+        run = create(api, epochs=1000)
+        wait_for(lambda: api.get(f"/api/runs/{run['id']}").json()["step"] > 20, 120, what="training to start")
+        assert run_processes(live_server.root) != []
+        assert api.post(f"/api/runs/{run['id']}/stop").json()["status"] == "stopping"
+        done = wait_status(api, run["id"], FINAL, timeout=60)
+        assert done["status"] == "stopped", done["status_reason"]
+        checkpoints = api.get(f"/api/runs/{run['id']}/checkpoints").json()
+    assert len(checkpoints) == 1 and 20 < checkpoints[0]["step"] < done["total_steps"]
+    assert torch.load(live_server.root / "shared" / checkpoints[0]["path"], weights_only=True)["step"] > 20
+    assert run_processes(live_server.root) == []
+
+
+def test_metrics_survive_a_server_restart_and_the_run_is_reattached(live_server: LiveServer) -> None:
+    with live_server.api() as api:
+        run = create(api, epochs=4, batch_size=64)
+        wait_for(lambda: api.get(f"/api/runs/{run['id']}").json()["step"] > 50, 120, what="training to start")
+    live_server.stop(signal.SIGKILL)  # the trainer keeps training and spools what it cannot send
+    live_server.start()
+    with live_server.api() as api:
+        done = wait_status(api, run["id"], FINAL, timeout=240)
+        assert done["status"] == "succeeded", done["status_reason"]
+        steps = [s for s, _ in loss_steps(api, run["id"])]
+    assert steps == list(range(1, done["total_steps"] + 1))
+
+
+def test_a_run_whose_rank_dies_ends_failed_and_leaves_no_process(live_server: LiveServer) -> None:
+    with live_server.api() as api:
+        run = create(api, epochs=1000)
+        wait_for(lambda: api.get(f"/api/runs/{run['id']}").json()["step"] > 5, 120, what="training to start")
+        # Kill rank 1 from outside, as the OOM killer would; torchrun takes rank 0 down and exits non-zero.
+        os.kill(worker_pid(live_server, local_rank=1), signal.SIGKILL)
+        done = wait_status(api, run["id"], FINAL, timeout=120)
+    assert done["status"] == "failed" and "exited with" in done["status_reason"]
+    assert run_processes(live_server.root) == []
+
+
+def worker_pid(server: LiveServer, *, local_rank: int) -> int:
+    """The pid of one trainer worker: torchrun gives only workers a LOCAL_RANK."""
+    (pid,) = set(run_processes(server.root)) & set(processes.pids_with_env("LOCAL_RANK", str(local_rank)))
+    return pid
