@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import math
 
 from sqlalchemy.orm import Session
 
@@ -26,10 +27,7 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
         if run.status not in ACCEPTS_METRICS:
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
         ids = metric_store.series_ids(db, run_id=run_id, keys={p.key for p in batch.points})
-        rows = [
-            {"series_id": ids[p.key], "step": p.step, "rank": p.rank, "value": p.value, "time": p.time}
-            for p in batch.points
-        ]
+        rows = [(ids[p.key], p.step, p.rank, None if math.isnan(p.value) else p.value, p.time) for p in batch.points]
         stored = metric_store.insert_points(db, rows)
         if batch.progress is not None:
             progress = batch.progress

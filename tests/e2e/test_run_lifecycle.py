@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from app.launcher import processes
-from tests.conftest import LiveServer, run_processes, wait_for
+from tests.live import LiveServer, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
 FINAL = {"succeeded", "failed", "stopped", "lost"}

@@ -1,0 +1,90 @@
+"""A real `rankboard serve` in a subprocess, for the end-to-end tests and the benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+from app.launcher import processes
+from trainer import wire
+
+REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    """`rankboard serve` in a subprocess, as a user starts it; restartable on the same data."""
+
+    def __init__(self, root: Path, **env: str) -> None:
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "RANKBOARD_DATA_DIR": str(root / "data"),
+            "RANKBOARD_SHARED_DIR": str(root / "shared"),
+            "RANKBOARD_PORT": str(self.port),
+            "RANKBOARD_SUPERVISE_INTERVAL_S": "0.2",
+            **env,
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.root / "server.log", "ab")  # noqa: SIM115 - closed with the process
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve"], cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/api/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise TimeoutError("server did not answer within 60 s")
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=30)
+        self.process = None
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=10)
+
+
+def run_processes(root: Path) -> list[int]:
+    """Live processes started for runs under `root` (their environment names a run folder there)."""
+    return [
+        pid
+        for run_dir in (root / "shared" / "logs").glob("run-*")
+        for pid in processes.pids_with_env(wire.ENV_RUN_DIR, str(run_dir))
+    ]
+
+
+def wait_for(predicate: Callable[[], T | None], timeout: float, interval: float = 0.2, what: str = "condition") -> T:
+    """Polls `predicate` until it returns something truthy; fails the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
