@@ -15,25 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from app.db import make_engine, make_sessionmaker
-from app.models import Run, RunStatus
-from app.services.runs import hash_token
-from tests.live import LiveServer
+from tests.live import LiveServer, open_run
 from trainer import wire
 
 TOKEN = "bench-token"
-
-
-def open_run(server: LiveServer) -> int:
-    """A run that takes metrics, as the launcher leaves one once torchrun is up (without starting torchrun)."""
-    with server.api() as api:
-        run_id = int(api.post("/api/runs", json={"name": "bench"}).json()["id"])
-    sessions = make_sessionmaker(make_engine(f"sqlite:///{server.root / 'data' / 'rankboard.db'}"))
-    with sessions() as db, db.begin():
-        run = db.get(Run, run_id)
-        assert run is not None
-        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
-    return run_id
 
 
 def batch_body(first_step: int, size: int) -> bytes:
@@ -80,7 +65,7 @@ def main() -> None:
         server = LiveServer(Path(root), RANKBOARD_SUPERVISE_INTERVAL_S="3600")
         server.start()
         try:
-            run_id = open_run(server)
+            run_id = open_run(server, TOKEN)
             rates, step = [], 0
             for _ in range(args.repeats):
                 bodies = [batch_body(step + i * args.batch_size, args.batch_size) for i in range(args.batches)]

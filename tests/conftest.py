@@ -28,7 +28,7 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 @pytest.fixture
 def live_server(tmp_path: Path) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path, RANKBOARD_STOP_GRACE_S="30")
+    server = LiveServer(tmp_path, RANKBOARD_STOP_GRACE_S="30", RANKBOARD_SLOTS="2")  # the same on any host
     server.start()
     yield server
     server.stop()

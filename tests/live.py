@@ -13,8 +13,12 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
+from sqlalchemy import update
 
+from app.db import make_engine
 from app.launcher import processes
+from app.models import Run
+from app.services.runs import hash_token
 from trainer import wire
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +72,29 @@ class LiveServer:
 
     def api(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=10)
+
+
+def open_run(server: LiveServer, token: str, status: str = "running") -> int:
+    """A run that takes metrics with `token`, as the launcher leaves one once torchrun is up, without torchrun:
+    the process reporting to it is this one, so its pid is the run's (a restarted server then finds it alive).
+
+    (The launch itself, which makes the token, is tested end to end with a real torchrun.)
+    """
+    with server.api() as api:
+        run_id = int(api.post("/api/runs", json={"name": "client"}).json()["id"])
+    me = os.getpid()
+    set_run(
+        server, run_id, status=status, token_hash=hash_token(token), pid=me, pid_start_ticks=processes.start_ticks(me)
+    )
+    return run_id
+
+
+def set_run(server: LiveServer, run_id: int, **columns: object) -> None:
+    """Writes columns of a run straight into the server's SQLite file."""
+    engine = make_engine(f"sqlite:///{server.root / 'data' / 'rankboard.db'}")
+    with engine.begin() as connection:
+        connection.execute(update(Run).where(Run.id == run_id).values(**columns))
+    engine.dispose()
 
 
 def run_processes(root: Path) -> list[int]:

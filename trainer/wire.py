@@ -28,6 +28,8 @@ ENV_LAUNCH_ID = "RANKBOARD_LAUNCH_ID"  # unique per launch; finds every process 
 
 INGEST_PATH = "/api/runs/{run_id}/metrics"
 FINISHED_MARKER = "trainer-finished.json"  # rank 0 writes it in the run folder when training completed
+# The client's spool files in the run folder: one batch per line, exactly as it would have been posted.
+SPOOL_GLOB = "spool-*.jsonl"
 
 # The built-in workloads `python -m trainer --workload NAME` accepts, with what a person sees in the form.
 WORKLOADS = {"mlp": "MLP classifier on synthetic data (65,536 samples, 32 features, 10 classes)"}

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import hmac
 import math
+from collections.abc import Sequence
+from pathlib import Path
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidToken, RunNotActive
 from app.models import RunStatus, utcnow
-from app.schemas import BatchIn, IngestResult, PointOut, SeriesOut
-from app.services.runs import get_run, hash_token
+from app.schemas import BatchIn, IngestResult, PointIn, PointOut, SeriesOut
+from app.services import runs
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 from app.store.metrics import StoredPoint
+from trainer import wire
 
 ACCEPTS_METRICS = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
 
@@ -21,14 +25,12 @@ ACCEPTS_METRICS = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
 def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestResult:
     """Stores a batch in one transaction; points already stored (a retry, a replayed spool) are skipped."""
     with db.begin():
-        run = get_run(db, run_id=run_id)
-        if run.token_hash is None or not hmac.compare_digest(run.token_hash, hash_token(token)):
+        run = runs.get_run(db, run_id=run_id)
+        if run.token_hash is None or not hmac.compare_digest(run.token_hash, runs.hash_token(token)):
             raise InvalidToken(f"the token is not the one run {run_id} was launched with")
         if run.status not in ACCEPTS_METRICS:
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
-        ids = metric_store.series_ids(db, run_id=run_id, keys={p.key for p in batch.points})
-        rows = [(ids[p.key], p.step, p.rank, None if math.isnan(p.value) else p.value, p.time) for p in batch.points]
-        stored = metric_store.insert_points(db, rows)
+        stored = _store_points(db, run_id=run_id, points=batch.points)
         if batch.progress is not None:
             progress = batch.progress
             run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
@@ -36,12 +38,36 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
             run.heartbeat_at = utcnow()
             if run.status == RunStatus.starting:
                 run_store.set_status(db, run, RunStatus.running, "the trainer reported its first progress")
-    return IngestResult(accepted=len(rows), stored=stored)
+    return IngestResult(accepted=len(batch.points), stored=stored)
+
+
+def _store_points(db: Session, *, run_id: int, points: Sequence[PointIn]) -> int:
+    ids = metric_store.series_ids(db, run_id=run_id, keys={p.key for p in points})
+    rows = [(ids[p.key], p.step, p.rank, None if math.isnan(p.value) else p.value, p.time) for p in points]
+    return metric_store.insert_points(db, rows)
+
+
+def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
+    """Stores what a trainer spooled but never sent (the server was away when it ended); returns new points.
+
+    Each spool line is one batch exactly as the client would have posted it; a line cut short by a dying process
+    is skipped. Called inside the transaction that finishes the run, so the points land before it is final.
+    """
+    stored = 0
+    for spool in sorted(run_dir.glob(wire.SPOOL_GLOB)):
+        for line in spool.read_bytes().splitlines():
+            try:
+                batch = BatchIn.model_validate_json(line)
+            except ValidationError:
+                continue
+            stored += _store_points(db, run_id=run_id, points=batch.points)
+        spool.unlink()
+    return stored
 
 
 def read_series(db: Session, *, run_id: int, key: str, start_step: int, end_step: int | None, limit: int) -> SeriesOut:
     """A page of one series by step; `next_step` continues it."""
-    get_run(db, run_id=run_id)
+    runs.get_run(db, run_id=run_id)
     points = metric_store.points_in_range(
         db, run_id=run_id, key=key, start_step=start_step, end_step=end_step, limit=limit + 1
     )
@@ -56,7 +82,7 @@ def _out(point: StoredPoint) -> PointOut:
 
 
 def series_keys(db: Session, *, run_id: int) -> list[str]:
-    get_run(db, run_id=run_id)
+    runs.get_run(db, run_id=run_id)
     return metric_store.series_keys(db, run_id=run_id)
 
 

@@ -13,6 +13,7 @@ from app.errors import FieldInvalid, RunNotActive, RunNotFound
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
+from app.services import metrics
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 
@@ -86,6 +87,7 @@ def _check_active(db: Session, run: Run, *, launcher: LocalLauncher, grace: time
 
 def _finish(db: Session, run: Run, *, launcher: LocalLauncher, exit_code: int | None) -> None:
     launcher.kill(run)  # whatever torchrun left behind; a finished run owns no process
+    recovered = metrics.ingest_leftover_spools(db, run_id=run.id, run_dir=launcher.run_dir(run))
     status, reason = final_status(
         exit_code=exit_code,
         stop_requested=run.stop_requested_at is not None,
@@ -95,6 +97,8 @@ def _finish(db: Session, run: Run, *, launcher: LocalLauncher, exit_code: int | 
     run.finished_at = utcnow()
     run.devices = None
     run.final_loss = metric_store.last_value(db, run_id=run.id, key="loss")
+    if recovered:
+        reason += f"; {recovered} points the trainer could not send were recovered from its spool"
     run_store.set_status(db, run, status, reason)
 
 
@@ -108,6 +112,8 @@ def final_status(*, exit_code: int | None, stop_requested: bool, trainer_finishe
     if stop_requested:
         how = "the processes were killed" if exit_code is None else f"torchrun exited with {exit_code}"
         return RunStatus.stopped, f"stopped on request; {how}"
+    if exit_code == 0:
+        return RunStatus.succeeded, "torchrun exited with 0"  # a script of the user's own writes no marker
     if exit_code is None:
         return RunStatus.lost, "the run's processes disappeared without recording an exit code"
     return RunStatus.failed, f"torchrun exited with {exit_code} before training finished; see the ranks' output"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from datetime import datetime
 
 import httpx
 import pytest
@@ -102,3 +103,16 @@ def worker_pid(server: LiveServer, *, local_rank: int) -> int:
     """The pid of one trainer worker: torchrun gives only workers a LOCAL_RANK."""
     (pid,) = set(run_processes(server.root)) & set(processes.pids_with_env("LOCAL_RANK", str(local_rank)))
     return pid
+
+
+def test_a_run_waits_queued_until_the_running_one_frees_its_processes(live_server: LiveServer) -> None:
+    with live_server.api() as api:
+        capacity = api.get("/api/health").json()["process_slots"]
+        first = create(api, epochs=2, nproc_per_node=capacity)
+        second = create(api, epochs=1, nproc_per_node=capacity)
+        wait_status(api, first["id"], {"running"}, timeout=60)
+        assert api.get(f"/api/runs/{second['id']}").json()["status"] == "queued"  # its processes would not fit
+        first_done = wait_status(api, first["id"], FINAL, timeout=180)
+        second_done = wait_status(api, second["id"], FINAL, timeout=180)
+    assert (first_done["status"], second_done["status"]) == ("succeeded", "succeeded")
+    assert datetime.fromisoformat(second_done["started_at"]) >= datetime.fromisoformat(first_done["finished_at"])

@@ -1,0 +1,83 @@
+"""The supervisor's tick: how a run ends is decided from its exit record, its marker, and whether a stop was asked."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.launcher import processes
+from app.models import Run, RunStatus
+from app.services.runs import final_status
+from trainer import wire
+
+
+def run_dir(client: TestClient, run_id: int):  # type: ignore[no-untyped-def]
+    folder = client.app.state.settings.shared / "logs" / f"run-{run_id}"  # type: ignore[attr-defined]
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def started_run(client: TestClient) -> int:
+    """A run recorded as running, its process being this test process."""
+    run_id = int(client.post("/api/runs", json={}).json()["id"])
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.status, run.pid, run.pid_start_ticks = RunStatus.running, os.getpid(), processes.start_ticks(os.getpid())
+    return run_id
+
+
+def tick(client: TestClient) -> dict:
+    client.app.state.supervisor.tick()  # type: ignore[attr-defined]
+    return client.get("/api/runs/1").json()  # type: ignore[no-any-return]
+
+
+def test_a_live_run_without_an_exit_record_stays_running(client: TestClient) -> None:
+    started_run(client)
+    assert tick(client)["status"] == "running"
+
+
+def test_points_spooled_while_the_server_was_away_are_stored_when_the_run_ends(client: TestClient) -> None:
+    run_id = started_run(client)
+    folder = run_dir(client, run_id)
+    batches = [wire.Batch(tuple(wire.Point("loss", s, 1 / s) for s in steps)) for steps in ([1, 2], [3])]
+    spool_text = "".join(json.dumps(b.to_json()) + "\n" for b in batches) + '{"points": [{"ke'  # a cut-off last line
+    (folder / "spool-node1-rank0.jsonl").write_text(spool_text)
+    (folder / wire.FINISHED_MARKER).write_text("{}")
+    (folder / "exit.json").write_text(json.dumps({"exit_code": 0}))
+
+    run = tick(client)
+    assert run["status"] == "succeeded" and "3 points the trainer could not send were recovered" in run["status_reason"]
+    steps = [p["step"] for p in client.get(f"/api/runs/{run_id}/metrics/loss").json()["points"]]
+    assert steps == [1, 2, 3] and run["final_loss"] == pytest.approx(1 / 3)
+    assert not (folder / "spool-node1-rank0.jsonl").exists()
+
+
+def test_a_run_whose_processes_vanished_without_an_exit_record_is_lost(client: TestClient) -> None:
+    started_run(client)
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, 1).pid_start_ticks = 1  # the pid now names another process than the one started
+    run = tick(client)
+    assert run["status"] == "lost" and "disappeared" in run["status_reason"]
+    assert [e["status"] for e in run["events"]][-1] == "lost"
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "stop_requested", "trainer_finished", "status"),
+    [
+        (0, False, True, RunStatus.succeeded),
+        (1, False, True, RunStatus.succeeded),  # gloo's rare abort after the last step: the marker decides
+        (1, True, False, RunStatus.stopped),  # torchrun exits 1 after passing SIGTERM on
+        (None, True, False, RunStatus.stopped),  # killed after the grace period
+        (1, False, False, RunStatus.failed),
+        (0, False, False, RunStatus.succeeded),  # a user's own script exits 0 and writes no marker
+        (None, False, False, RunStatus.lost),
+    ],
+)
+def test_final_status(exit_code: int | None, stop_requested: bool, trainer_finished: bool, status: RunStatus) -> None:
+    decided, reason = final_status(
+        exit_code=exit_code, stop_requested=stop_requested, trainer_finished=trainer_finished
+    )
+    assert decided == status and reason

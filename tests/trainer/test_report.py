@@ -1,0 +1,137 @@
+"""The metrics client against the real server: nothing lost, nothing twice, never in the training loop's way."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.live import LiveServer, free_port, open_run, set_run, wait_for
+from trainer import wire
+from trainer.report import Reporter
+
+TOKEN = "client-token"
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    server = LiveServer(tmp_path, RANKBOARD_SUPERVISE_INTERVAL_S="3600")  # runs here are opened, never launched
+    server.start()
+    yield server
+    server.stop()
+
+
+def reporter_for(server: LiveServer, run_id: int, spool: Path, **options: float) -> Reporter:
+    return Reporter(server.url, str(run_id), TOKEN, spool, flush_interval=0.02, **options)  # type: ignore[arg-type]
+
+
+def stored(server: LiveServer, run_id: int, key: str = "loss") -> list[tuple[int, float]]:
+    with server.api() as api:
+        points = api.get(f"/api/runs/{run_id}/metrics/{key}", params={"limit": 100_000}).json()["points"]
+    return [(p["step"], p["value"]) for p in points]
+
+
+def losses(steps: range) -> list[tuple[int, float]]:
+    return [(step, step / 7) for step in steps]
+
+
+def test_log_returns_at_once_and_close_spools_every_point_in_order(tmp_path: Path) -> None:
+    reporter = Reporter(f"http://127.0.0.1:{free_port()}", "1", TOKEN, tmp_path, rank=1, flush_interval=0.01,
+                        max_batch=500)  # fmt: skip
+    started = time.perf_counter()
+    for step in range(20_000):
+        reporter.log({"loss": step / 7, "lr": 1e-3}, step=step)
+    assert time.perf_counter() - started < 1.0  # 40,000 points, and the closed port is never waited on
+    reporter.log({"note": "not a number"}, step=0)  # type: ignore[dict-item]  # skipped with a warning, not raised
+    reporter.close()
+    reporter.close()  # idempotent
+    assert reporter.spool_path.name == f"spool-{socket.gethostname()}-rank1.jsonl"
+    lines = reporter.spool_path.read_text().splitlines()
+    spooled = [(p["key"], p["step"]) for line in lines for p in json.loads(line)["points"]]
+    assert spooled == [(key, step) for step in range(20_000) for key in ("loss", "lr")]
+
+
+def test_points_and_progress_reach_the_server(server: LiveServer, tmp_path: Path) -> None:
+    run_id = open_run(server, TOKEN)
+    reporter = reporter_for(server, run_id, tmp_path)
+    reporter.progress(wire.Progress(epoch=1, epochs=2, step=3, total_steps=10, samples_per_s=99.0))
+    for step in range(1, 4):
+        reporter.log({"loss": step / 7, "lr": 1e-3}, step=step)
+    reporter.close()
+    assert stored(server, run_id) == losses(range(1, 4))
+    assert stored(server, run_id, "lr") == [(1, 1e-3), (2, 1e-3), (3, 1e-3)]
+    with server.api() as api:
+        run = api.get(f"/api/runs/{run_id}").json()
+    assert (run["step"], run["total_steps"], run["samples_per_s"]) == (3, 10, 99.0)
+    assert not reporter.spool_path.exists()
+
+
+def test_a_heartbeat_comes_when_there_are_no_points(server: LiveServer, tmp_path: Path) -> None:
+    run_id = open_run(server, TOKEN)
+    reporter = reporter_for(server, run_id, tmp_path, heartbeat_interval=0.1)
+    reporter.progress(wire.Progress(epoch=1, epochs=1, step=0, total_steps=5))
+
+    def heartbeat() -> str | None:
+        with server.api() as api:
+            return api.get(f"/api/runs/{run_id}").json()["heartbeat_at"]  # type: ignore[no-any-return]
+
+    first = wait_for(heartbeat, 10, what="a heartbeat")
+    wait_for(lambda: heartbeat() != first, 10, what="a second heartbeat")
+    reporter.close()
+
+
+def test_while_the_server_is_down_points_wait_in_the_spool_and_arrive_once_in_order(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    run_id = open_run(server, TOKEN)
+    server.stop()
+    reporter = reporter_for(server, run_id, tmp_path, max_batch=50)
+    for step in range(300):
+        reporter.log({"loss": step / 7}, step=step)
+    wait_for(reporter.spool_path.exists, 10, what="the spool")
+    server.start()
+    wait_for(lambda: not reporter.spool_path.exists(), 30, what="the spool to be sent")
+    reporter.log({"loss": 300 / 7}, step=300)
+    reporter.close()
+    assert stored(server, run_id) == losses(range(301))
+
+
+def test_a_restarted_trainer_sends_the_spool_its_predecessor_left(server: LiveServer, tmp_path: Path) -> None:
+    run_id = open_run(server, TOKEN)
+    crashed = Reporter(f"http://127.0.0.1:{free_port()}", str(run_id), TOKEN, tmp_path, flush_interval=0.02)
+    crashed.log({"loss": 1 / 7}, step=1)
+    crashed.close()
+    with crashed.spool_path.open("ab") as spool:
+        spool.write(b'{"points": [{"key": "lo')  # the process died while writing a line
+    restarted = reporter_for(server, run_id, tmp_path)
+    restarted.log({"loss": 1 / 7}, step=1)  # the same step again after the restart: stored once
+    restarted.log({"loss": 2 / 7}, step=2)
+    restarted.close()
+    assert stored(server, run_id) == losses(range(1, 3))
+    assert not restarted.spool_path.exists()
+
+
+def test_once_the_server_says_the_run_is_over_nothing_more_is_sent(server: LiveServer, tmp_path: Path) -> None:
+    run_id = open_run(server, TOKEN, status="succeeded")
+    reporter = reporter_for(server, run_id, tmp_path)
+    reporter.log({"loss": 1.0}, step=1)
+    wait_for(lambda: reporter._run_over, 10, what="the client to hear 409")
+    set_run(server, run_id, status="running")
+    reporter.log({"loss": 2.0}, step=2)
+    reporter.close()
+    assert stored(server, run_id) == [] and not reporter.spool_path.exists()
+
+
+def test_a_wrong_token_is_refused_and_the_run_keeps_nothing(server: LiveServer, tmp_path: Path) -> None:
+    run_id = open_run(server, TOKEN)
+    reporter = Reporter(server.url, str(run_id), "not-the-token", tmp_path, flush_interval=0.02)
+    reporter.log({"loss": 1.0}, step=1)
+    reporter.close()
+    assert stored(server, run_id) == []
+    with pytest.raises(httpx.HTTPStatusError):
+        httpx.post(f"{server.url}/api/runs/{run_id}/metrics", json={"points": []}).raise_for_status()

@@ -1,0 +1,95 @@
+"""The trainer's settings: one frozen dataclass, checked when built, whose fields also make the command line."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer import wire
+from trainer.workloads import WORKLOADS
+
+
+def _checkpoint_dir_from_env() -> str:
+    return os.environ.get(wire.ENV_CHECKPOINT_DIR) or "checkpoints"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Train a workload with PyTorch DDP; run it under torchrun, one process per GPU (or per CPU slot)."""
+
+    # Each field's "help" is its documentation; the CLI shows it, so it is written for the person launching a run.
+    workload: str = field(default="mlp", metadata={"help": f"what to train, one of {sorted(WORKLOADS)}"})
+    epochs: int = field(default=10, metadata={"help": "passes over the training set, 1..100000"})
+    batch_size: int = field(default=64, metadata={"help": "samples per step on each rank, 1..65536"})
+    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate, > 0 and <= 10"})
+    checkpoint_every: int = field(default=1, metadata={"help": "write a checkpoint every this many epochs, 1..100000"})
+    seed: int = field(default=0, metadata={"help": "seeds the initial weights and the sample order, >= 0"})
+    checkpoint_dir: str = field(
+        default_factory=_checkpoint_dir_from_env,
+        metadata={"help": f"folder for step-*.pt files; default ${wire.ENV_CHECKPOINT_DIR}, else ./checkpoints"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, got {self.workload!r}")
+        _check_int("epochs", self.epochs, 1, 100_000)
+        _check_int("batch_size", self.batch_size, 1, 65_536)
+        if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or not 0 < self.lr <= 10:
+            raise ValueError(f"lr must be > 0 and <= 10, got {self.lr!r}")
+        _check_int("checkpoint_every", self.checkpoint_every, 1, 100_000)
+        _check_int("seed", self.seed, 0, math.inf)
+        if not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir:
+            raise ValueError(f"checkpoint_dir must be a non-empty path, got {self.checkpoint_dir!r}")
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str] | None = None) -> TrainConfig:
+        """Parse a command line whose flags are this class's fields (`batch_size` -> `--batch-size`)."""
+        parser = cls.argument_parser()
+        args = parser.parse_args(argv)
+        try:
+            return cls(**vars(args))
+        except ValueError as error:
+            parser.error(str(error))  # exits 2 with the usage, as for any other bad flag
+
+    @classmethod
+    def argument_parser(cls) -> argparse.ArgumentParser:
+        """The parser `from_argv` uses: one flag per field, with the field's type, default and help."""
+        parser = argparse.ArgumentParser(
+            prog="python -m trainer", description=cls.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        )
+        types = typing.get_type_hints(cls)  # the annotations are strings under `from __future__ import annotations`
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if callable(f.default_factory) else f.default
+            parser.add_argument(
+                f"--{f.name.replace('_', '-')}",
+                dest=f.name,
+                type=types[f.name],
+                default=default,
+                help=f.metadata["help"],
+            )
+        return parser
+
+    def to_argv(self) -> list[str]:
+        """The command line that `from_argv` turns back into this config."""
+        return [
+            arg
+            for f in dataclasses.fields(self)
+            for arg in (f"--{f.name.replace('_', '-')}", str(getattr(self, f.name)))
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain values, fit for a checkpoint that loads with `weights_only=True`."""
+        return dataclasses.asdict(self)
+
+
+def _check_int(name: str, value: object, low: float, high: float) -> None:
+    # bool is an int subclass, and `epochs=True` is always a mistake.
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        upper = "" if high == math.inf else f" and <= {high}"
+        raise ValueError(f"{name} must be an integer >= {low}{upper}, got {value!r}")

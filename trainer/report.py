@@ -1,0 +1,407 @@
+"""Sends a run's metrics to the Rankboard server from a background thread, so training never waits on the network.
+
+    from trainer import report
+    report.log({"loss": loss.item()}, step=step)
+    report.progress(wire.Progress(epoch=1, epochs=10, step=step, total_steps=5120))
+    report.close()  # also runs at exit
+
+The reporter is made from the launcher's environment on the first call; outside a dashboard run (no
+RANKBOARD_RUN_ID) every call does nothing. When the server cannot be reached, batches go to a spool file in the run
+folder and are sent, in order, once it answers again, also by a restarted trainer. The server stores a point once
+per (run, key, step, rank), so sending one twice is harmless, and this client prefers that to losing one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import http.client
+import json
+import math
+import operator
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+from trainer import wire
+
+_REQUEST_TIMEOUT_S = 5.0
+_RETRY_FIRST_S = 1.0
+_RETRY_MAX_S = 5.0
+
+# What log() queues: (key, step, value, unix time). A tuple, because log() must cost well under 5 microseconds.
+_Raw = tuple[str, int, float, float]
+
+
+class Outcome(enum.Enum):
+    """What became of one POST, and so of the batch it carried."""
+
+    ACCEPTED = "accepted"
+    RETRY = "retry"  # unreachable, timed out, 429 or 5xx: keep the batch and send it later
+    REJECTED = "rejected"  # any other 4xx: this batch can never be accepted, so it is dropped
+    RUN_OVER = "run over"  # 409: the run has ended and the server takes nothing more from it
+
+
+def outcome_of(status: int | None) -> Outcome:
+    """Classify an HTTP status; None means no response at all."""
+    if status is None or status == 429 or status >= 500:
+        return Outcome.RETRY
+    if 200 <= status < 300:
+        return Outcome.ACCEPTED
+    return Outcome.RUN_OVER if status == 409 else Outcome.REJECTED
+
+
+class IngestConnection:
+    """One kept-alive HTTP connection to the server's ingest endpoint, reopened after any failure."""
+
+    def __init__(self, url: str, run_id: str, token: str, timeout: float = _REQUEST_TIMEOUT_S) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"server URL must look like http://host:port, got {url!r}")
+        self._https = parts.scheme == "https"
+        self._host, self._port, self._timeout = parts.hostname, parts.port, timeout
+        self._path = parts.path.rstrip("/") + wire.INGEST_PATH.format(run_id=quote(str(run_id), safe=""))
+        self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._connection: http.client.HTTPConnection | None = None
+
+    def post(self, body: bytes) -> tuple[int | None, str]:
+        """POST one batch; returns the HTTP status (None if no response came) and a line describing it."""
+        reused = self._connection is not None
+        try:
+            return self._post_once(body)
+        except (OSError, http.client.HTTPException) as error:
+            self.close()
+            # A kept-alive connection that the server closed while idle fails on first use: that alone does not
+            # mean the server is down, so try once more on a fresh one. A timeout is not retried: it would double.
+            if not (reused and isinstance(error, ConnectionError)):
+                return None, f"{type(error).__name__}: {error}"
+        try:
+            return self._post_once(body)
+        except (OSError, http.client.HTTPException) as error:
+            self.close()
+            return None, f"{type(error).__name__}: {error}"
+
+    def _post_once(self, body: bytes) -> tuple[int | None, str]:
+        if self._connection is None:
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._connection = kind(self._host, self._port, timeout=self._timeout)
+        self._connection.request("POST", self._path, body=body, headers=self._headers)
+        response = self._connection.getresponse()
+        text = response.read()  # read to the end, or the connection cannot carry the next request
+        return response.status, f"HTTP {response.status}: {text[:200].decode(errors='replace')}"
+
+    def close(self) -> None:
+        """Drop the connection; the next post opens a new one."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
+class Spool:
+    """Batches the server has not accepted yet, one JSON line each, oldest first.
+
+    A file rather than memory, so that a trainer restarted after a crash sends what its previous process could not.
+    Only the reporter's thread reads and writes it.
+    """
+
+    def __init__(self, path: Path, warn: Callable[[str, str], None]) -> None:
+        self.path = path
+        self._warn = warn
+        self._accepted_bytes = 0  # the start of the file that the server has already accepted
+        self.pending = path.exists()
+        if self.pending:
+            self._end_torn_line()
+
+    def append(self, line: bytes) -> None:
+        """Add a batch after all the others."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("ab") as file:
+            file.write(line + b"\n")
+            file.flush()
+        self.pending = True
+
+    def replay(self, send: Callable[[bytes], Outcome]) -> Outcome:
+        """Send the batches not yet accepted, in order; stop at the first the server cannot take now."""
+        try:
+            with self.path.open("rb") as file:
+                file.seek(self._accepted_bytes)
+                for line in file:
+                    outcome = send(line.rstrip(b"\n")) if self._is_batch(line) else Outcome.REJECTED
+                    if outcome in (Outcome.RETRY, Outcome.RUN_OVER):
+                        return outcome
+                    self._accepted_bytes += len(line)
+            self.path.unlink()
+        except FileNotFoundError:
+            self._warn("spool gone", f"the spool {self.path} was deleted by someone else; its batches are lost")
+        self._accepted_bytes, self.pending = 0, False
+        return Outcome.ACCEPTED
+
+    def _is_batch(self, line: bytes) -> bool:
+        try:
+            json.loads(line)
+        except ValueError:
+            self._warn("torn line", f"skipped a line of {self.path} that is not JSON (a crash while writing it)")
+            return False
+        return True
+
+    def _end_torn_line(self) -> None:
+        # A crash mid-write leaves a line without its newline; the next append must not be glued onto it.
+        with self.path.open("rb+") as file:
+            if file.seek(0, os.SEEK_END) == 0:
+                return
+            file.seek(-1, os.SEEK_END)
+            if file.read(1) != b"\n":
+                file.write(b"\n")
+
+
+class Reporter:
+    """Queues metrics in memory and sends them from a daemon thread; log() never blocks and never raises."""
+
+    def __init__(
+        self,
+        url: str,
+        run_id: str,
+        token: str,
+        spool_dir: str | os.PathLike[str],
+        rank: int = 0,
+        flush_interval: float = 0.5,
+        heartbeat_interval: float = 2.0,
+        max_batch: int = 1000,
+        *,
+        start: bool = True,
+    ) -> None:
+        if not 1 <= max_batch <= wire.MAX_POINTS_PER_BATCH:
+            raise ValueError(f"max_batch must be in 1..{wire.MAX_POINTS_PER_BATCH}, got {max_batch}")
+        self._rank, self._flush_interval, self._max_batch = rank, flush_interval, max_batch
+        self._heartbeat_interval = heartbeat_interval
+        self._points: deque[_Raw] = deque()
+        self._progress: wire.Progress | None = None
+        self._delivered_progress: wire.Progress | None = None  # the last progress sent or spooled
+        self._warned: set[str] = set()
+        self._connection = IngestConnection(url, run_id, token)
+        self._spool = Spool(Path(spool_dir) / f"spool-{socket.gethostname()}-rank{rank}.jsonl", self._warn)
+        self._retry_at, self._retry_delay = 0.0, _RETRY_FIRST_S  # a spool left by a previous process goes first
+        self._last_attempt = -math.inf
+        self._reachable = True
+        self._run_over = False
+        self._closed = False
+        self._deadline = math.inf  # set by close(): after it, nothing waits on the network
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"rankboard-reporter-rank{rank}", daemon=True)
+        if start:
+            self._thread.start()
+            atexit.register(self.close)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Reporter | None:
+        """The reporter a launcher's environment describes, or None outside a dashboard run."""
+        run_id = environ.get(wire.ENV_RUN_ID)
+        if not run_id:
+            return None
+        url = environ.get(wire.ENV_SERVER_URL)
+        if not url:
+            _stderr(f"{wire.ENV_RUN_ID} is set but {wire.ENV_SERVER_URL} is not; metrics will not be sent")
+            return None
+        spool_dir = environ.get(wire.ENV_RUN_DIR) or os.path.join(tempfile.gettempdir(), f"rankboard-{run_id}")
+        return cls(url, run_id, environ.get(wire.ENV_TOKEN, ""), spool_dir, rank=int(environ.get("RANK", "0")))
+
+    @property
+    def spool_path(self) -> Path:
+        """Where batches wait while the server cannot be reached."""
+        return self._spool.path
+
+    def log(self, metrics: Mapping[str, float], *, step: int) -> None:
+        """Queue one point per metric at this step; returns at once."""
+        if self._closed:
+            self._warn("closed", "log() after close() is ignored")
+            return
+        now = time.time()
+        for key, value in metrics.items():
+            try:
+                self._points.append((key, step, float(value), now))
+            except Exception:
+                self._warn(f"value {key}", f"metric {key!r}: {value!r} is not a number; skipped")
+        if len(self._points) >= self._max_batch and not self._wake.is_set():
+            self._wake.set()
+
+    def progress(self, progress: wire.Progress) -> None:
+        """Set the progress that the next batch, or heartbeat, carries."""
+        self._progress = progress
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Send or spool everything queued, then stop the thread; waits at most about `timeout` seconds."""
+        if self._closed:
+            return
+        self._deadline = time.monotonic() + timeout
+        self._closed = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        else:
+            self._guarded(self._flush_all)
+        atexit.unregister(self.close)
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait(self._flush_interval)
+            self._wake.clear()
+            self._guarded(self._tick)
+        self._guarded(self._flush_all)
+
+    def _guarded(self, work: Callable[[], None]) -> None:
+        # Training must outlive any bug in here; the same error is reported once, not at every tick.
+        try:
+            work()
+        except Exception as error:
+            self._warn(f"bug {type(error).__name__}", f"reporter error, carrying on: {error!r}")
+
+    def _tick(self) -> None:
+        if self._run_over:
+            self._points.clear()
+            return
+        if self._spool.pending and time.monotonic() >= self._retry_at:
+            self._replay_spool()
+        if self._points:
+            while self._points and not self._run_over:
+                self._deliver(self._take_batch())
+        elif time.monotonic() - self._last_attempt >= self._heartbeat_interval and not self._spool.pending:
+            self._deliver([])
+
+    def _flush_all(self) -> None:
+        """Send or spool every queued point, and the last progress; runs once, when closing."""
+        if self._spool.pending:
+            self._replay_spool()
+        final_progress_due = self._progress is not self._delivered_progress
+        while (self._points or final_progress_due) and not self._run_over:
+            self._deliver(self._take_batch(), keep_empty=True)
+            final_progress_due = False
+        self._connection.close()
+
+    def _take_batch(self) -> list[_Raw]:
+        return [self._points.popleft() for _ in range(min(len(self._points), self._max_batch))]
+
+    def _deliver(self, points: list[_Raw], *, keep_empty: bool = False) -> None:
+        """Send a batch, or spool it: always while older batches wait in the spool, so that order is kept."""
+        progress = self._progress
+        body = self._encode(points, progress)
+        if not self._spool.pending:
+            outcome = self._post(body)
+            if outcome is not Outcome.RETRY:
+                self._delivered_progress = progress
+                return
+            self._retry_at = time.monotonic() + self._retry_delay
+        if not points and not keep_empty:
+            return  # a failed heartbeat carries nothing worth keeping
+        try:
+            self._spool.append(body)
+            self._delivered_progress = progress
+        except OSError as error:
+            self._warn("spool write", f"cannot write the spool {self._spool.path} ({error}); points are lost")
+
+    def _replay_spool(self) -> None:
+        if self._spool.replay(self._post) is Outcome.RETRY:
+            self._retry_at = time.monotonic() + self._retry_delay
+            self._retry_delay = min(2 * self._retry_delay, _RETRY_MAX_S)
+        else:
+            self._retry_delay = _RETRY_FIRST_S
+
+    def _post(self, body: bytes) -> Outcome:
+        if self._run_over:
+            return Outcome.RUN_OVER
+        if time.monotonic() + _REQUEST_TIMEOUT_S > self._deadline:
+            return Outcome.RETRY  # close() has not the time left to wait for the server
+        self._last_attempt = time.monotonic()
+        status, detail = self._connection.post(body)
+        outcome = outcome_of(status)
+        self._note(outcome, status, detail)
+        return outcome
+
+    def _note(self, outcome: Outcome, status: int | None, detail: str) -> None:
+        # One line per change of state, not per batch: a down server must not flood the rank's log.
+        if outcome is Outcome.RETRY and self._reachable:
+            self._reachable = False
+            _stderr(f"[rank {self._rank}] metrics server unreachable ({detail}); spooling to {self._spool.path}")
+        elif outcome is Outcome.ACCEPTED and not self._reachable:
+            self._reachable = True
+            _stderr(f"[rank {self._rank}] metrics server reachable again")
+        elif outcome is Outcome.REJECTED:
+            self._warn(f"status {status}", f"the server rejected a batch, which is dropped: {detail}")
+        elif outcome is Outcome.RUN_OVER:
+            self._run_over = True
+            self._warn("run over", f"the server says the run is over ({detail}); no more metrics will be sent")
+
+    def _encode(self, raw: Iterable[_Raw], progress: wire.Progress | None) -> bytes:
+        points = tuple(point for point in map(self._to_point, raw) if point is not None)
+        batch = wire.Batch(points=points, progress=progress)
+        return json.dumps(batch.to_json(), separators=(",", ":"), allow_nan=False).encode()
+
+    def _to_point(self, raw: _Raw) -> wire.Point | None:
+        # Checked here rather than in log(): one bad key would otherwise get the whole batch refused with a 422.
+        key, step, value, unix_time = raw
+        if not isinstance(key, str) or not 0 < len(key) <= wire.MAX_KEY_LENGTH:
+            self._warn(
+                f"key {key!r}"[:100],
+                f"metric key {key!r} must be a string of 1..{wire.MAX_KEY_LENGTH} characters; skipped",
+            )
+            return None
+        try:
+            return wire.Point(key, operator.index(step), value, self._rank, unix_time)
+        except TypeError:
+            self._warn(f"step {key}", f"metric {key!r}: step {step!r} is not an integer; skipped")
+            return None
+
+    def _warn(self, topic: str, message: str) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            _stderr(f"[rank {self._rank}] {message}")
+
+
+def _stderr(message: str) -> None:
+    print(f"rankboard: {message}", file=sys.stderr, flush=True)
+
+
+# The process-wide reporter behind the module functions: made on first use, so only a process that reports
+# (rank 0 in the bundled trainer) starts a thread.
+_default: Reporter | None = None
+_default_made = False
+_default_lock = threading.Lock()
+
+
+def _reporter() -> Reporter | None:
+    global _default, _default_made
+    if not _default_made:
+        with _default_lock:
+            if not _default_made:
+                try:
+                    _default = Reporter.from_env()
+                except Exception as error:  # a bad URL in the environment must not stop the training
+                    _stderr(f"cannot report metrics: {error}")
+                _default_made = True
+    return _default
+
+
+def log(metrics: Mapping[str, float], *, step: int) -> None:
+    """Queue one point per metric at this step, for this process's rank; a no-op outside a dashboard run."""
+    reporter = _default if _default_made else _reporter()
+    if reporter is not None:
+        reporter.log(metrics, step=step)
+
+
+def progress(progress: wire.Progress) -> None:
+    """Set where training stands; the next batch or heartbeat carries it."""
+    reporter = _default if _default_made else _reporter()
+    if reporter is not None:
+        reporter.progress(progress)
+
+
+def close(timeout: float = 10.0) -> None:
+    """Send or spool everything queued and stop the reporter's thread; safe to call more than once."""
+    if _default is not None:
+        _default.close(timeout)
