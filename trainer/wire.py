@@ -68,8 +68,13 @@ class Point:
     time: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "step": self.step, "value": encode_value(self.value), "rank": self.rank,
-                "time": self.time}
+        return {
+            "key": self.key,
+            "step": self.step,
+            "value": encode_value(self.value),
+            "rank": self.rank,
+            "time": self.time,
+        }
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,11 @@ down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+RUN_STATUS = sa.Enum(
+    "queued", "starting", "running", "stopping", "succeeded", "failed", "stopped", "lost",
+    name="runstatus", native_enum=False, length=16,
+)  # fmt: skip
+
 
 def upgrade() -> None:
     op.create_table(
@@ -23,19 +28,7 @@ def upgrade() -> None:
         sa.Column("name", sa.String(length=100), nullable=False),
         sa.Column(
             "status",
-            sa.Enum(
-                "queued",
-                "starting",
-                "running",
-                "stopping",
-                "succeeded",
-                "failed",
-                "stopped",
-                "lost",
-                name="runstatus",
-                native_enum=False,
-                length=16,
-            ),
+            RUN_STATUS,
             nullable=False,
         ),
         sa.Column("status_reason", sa.Text(), nullable=False),
@@ -85,19 +78,7 @@ def upgrade() -> None:
         sa.Column("at", sa.DateTime(), nullable=False),
         sa.Column(
             "status",
-            sa.Enum(
-                "queued",
-                "starting",
-                "running",
-                "stopping",
-                "succeeded",
-                "failed",
-                "stopped",
-                "lost",
-                name="runstatus",
-                native_enum=False,
-                length=16,
-            ),
+            RUN_STATUS,
             nullable=False,
         ),
         sa.Column("reason", sa.Text(), nullable=False),
