@@ -55,6 +55,16 @@ class PathOutsideRoot(RankboardError):
     status_code = 400
 
 
+class PathNotFound(RankboardError):
+    status_code = 404
+
+
+class NotACheckpoint(RankboardError):
+    """A file that cannot be read as a checkpoint (corrupt, something else, too big or slow to load safely)."""
+
+    status_code = 422
+
+
 class SchemaMismatch(RankboardError):
     """The database's schema is not the one this code was written for; raised at start-up, never per request."""
 

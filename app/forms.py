@@ -16,7 +16,7 @@ from trainer import wire
 class FormField:
     name: str
     label: str
-    kind: str  # "text", "number" or "select"
+    kind: str  # "text", "number", "select" or "checkbox"
     default: Any
     help: str
     minimum: float | None = None
@@ -32,31 +32,40 @@ class FormField:
         return f"{low} to {self.maximum:g}" if self.maximum is not None else f"at least {low}"
 
 
-LABELS = {"nproc_per_node": "Processes per node", "lr": "Learning rate", "checkpoint_every": "Checkpoint every"}
+LABELS = {
+    "nproc_per_node": "Processes per node",
+    "lr": "Learning rate",
+    "checkpoint_every": "Checkpoint every",
+    "init_from": "Start from checkpoint",
+    "init_optimizer": "Also its optimizer state",
+    "allow_low_disk": "Start even if the disk looks too small",
+}
 
 
 def run_form_fields(*, capacity: int) -> list[FormField]:
     """The form's fields, in the schema's order, with defaults, ranges and help text."""
-    fields = []
-    for name, prop in RunCreate.model_json_schema()["properties"].items():
-        label = LABELS.get(name, name.replace("_", " ").capitalize())
-        if name == "workload":
-            fields.append(
-                FormField(
-                    name, label, "select", prop["default"], prop["description"], choices=tuple(wire.WORKLOADS.items())
-                )
-            )
-        elif prop.get("type") == "string":
-            fields.append(
-                FormField(name, label, "text", prop["default"], prop["description"], maximum=prop.get("maxLength"))
-            )
-        else:
-            maximum = min(prop["maximum"], capacity) if name == "nproc_per_node" else prop["maximum"]
-            fields.append(FormField(
-                name, label, "number", prop["default"], prop["description"], minimum=prop.get("minimum"),
-                maximum=maximum, step="any" if prop["type"] == "number" else "1",
-            ))  # fmt: skip
-    return fields
+    return [_field(name, prop, capacity) for name, prop in RunCreate.model_json_schema()["properties"].items()]
+
+
+def _field(name: str, prop: dict[str, Any], capacity: int) -> FormField:
+    label, default, help_text = (
+        LABELS.get(name, name.replace("_", " ").capitalize()),
+        prop["default"],
+        prop["description"],
+    )
+    if name == "workload":
+        return FormField(name, label, "select", default, help_text, choices=tuple(wire.WORKLOADS.items()))
+    if "enum" in prop:
+        return FormField(name, label, "select", default, help_text, choices=tuple((c, c) for c in prop["enum"]))
+    kind = prop.get("type") or next(t["type"] for t in prop.get("anyOf", []) if t["type"] != "null")
+    if kind == "boolean":
+        return FormField(name, label, "checkbox", default, help_text)
+    if kind == "string":
+        length = prop.get("maxLength") or max((t.get("maxLength", 0) for t in prop.get("anyOf", [])), default=None)
+        return FormField(name, label, "text", default or "", help_text, maximum=length)
+    maximum = min(prop["maximum"], capacity) if name == "nproc_per_node" else prop["maximum"]
+    return FormField(name, label, "number", default, help_text, minimum=prop.get("minimum"), maximum=maximum,
+                     step="any" if kind == "number" else "1")  # fmt: skip
 
 
 def parse_run_form(values: dict[str, str]) -> RunCreate:

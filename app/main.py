@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app import pages
+from app.api import files as files_api
 from app.api import health
 from app.api import runs as runs_api
 from app.db import make_engine, make_sessionmaker, prepare_schema
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RankboardError, _error_response)  # type: ignore[arg-type]
     app.include_router(health.router)
     app.include_router(runs_api.router)
+    app.include_router(files_api.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app

@@ -94,6 +94,11 @@ class Run(Base):
     lr: Mapped[float] = mapped_column(Float)
     checkpoint_every: Mapped[int] = mapped_column(Integer)
     seed: Mapped[int] = mapped_column(Integer)
+    keep_last: Mapped[int] = mapped_column(Integer, default=0)
+    keep_best: Mapped[int] = mapped_column(Integer, default=0)
+    best_metric: Mapped[str] = mapped_column(String(50), default="loss")
+    init_from: Mapped[str | None] = mapped_column(String(1000))  # a checkpoint, relative to the shared folder
+    init_optimizer: Mapped[bool] = mapped_column(default=False)
 
     # The trainer proves who it is with a token made for each launch; only its hash is kept.
     token_hash: Mapped[str | None] = mapped_column(String(64))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -15,7 +15,7 @@ from app.forms import parse_run_form, run_form_fields
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus
 from app.schemas import RunCreate
-from app.services import files, metrics, runs
+from app.services import checkpoints, files, metrics, runs, storage
 from app.stream import Snapshot, run_events
 from app.templating import render_block
 
@@ -29,7 +29,8 @@ def templates_of(request: Request) -> Jinja2Templates:
 
 def page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
     settings = request.app.state.settings
-    base = {"settings": settings, "shared_dir": settings.shared, "shared_fallback": settings.shared_dir_is_fallback}
+    base = {"settings": settings, "shared_dir": settings.shared, "shared_fallback": settings.shared_dir_is_fallback,
+            "disk": storage.disk_usage(settings.shared)}  # fmt: skip
     return templates_of(request).TemplateResponse(request, name, {**base, **context}, status_code=status_code)
 
 
@@ -63,8 +64,18 @@ def runs_page(request: Request, db: SessionDep, status: RunStatus | None = None,
 
 
 @router.get("/runs/new", response_class=HTMLResponse)
-def new_run_page(request: Request, launcher: LauncherDep) -> Response:
-    return new_run_form(request, launcher=launcher, values={}, errors={})
+def new_run_page(
+    request: Request, db: SessionDep, launcher: LauncherDep, from_run: int | None = None, init_from: str = ""
+) -> Response:
+    """The form; `from_run` fills it with that run's options, `init_from` names a checkpoint to start from."""
+    values = run_options(runs.get_run(db, run_id=from_run)) if from_run is not None else {}
+    if init_from:
+        values.update(init_from=init_from, name=f"{values.get('name', 'run')} from {init_from.rsplit('/', 1)[-1]}")
+    return new_run_form(request, launcher=launcher, values=values, errors={})
+
+
+def run_options(run: Run) -> dict[str, str]:
+    return {name: str(getattr(run, name)) for name in RunCreate.model_fields if hasattr(run, name)}
 
 
 def new_run_form(
@@ -98,6 +109,32 @@ def stop_run(request: Request, run_id: int, db: SessionDep, launcher: LauncherDe
     if hx:
         return HTMLResponse(render_block(templates_of(request), "run.html", "status", run_context(run, launcher)))
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
+
+
+@router.delete("/runs/{run_id}/checkpoints", response_class=HTMLResponse)
+def delete_checkpoints(
+    request: Request,
+    run_id: int,
+    db: SessionDep,
+    launcher: LauncherDep,
+    name: Annotated[list[str] | None, Query()] = None,
+) -> Response:
+    run = runs.get_run(db, run_id=run_id)
+    checkpoints.delete_checkpoints(run, names=name, dry_run=False, launcher=launcher)
+    return HTMLResponse(render_block(templates_of(request), "run.html", "status", run_context(run, launcher)))
+
+
+@router.get("/files", response_class=HTMLResponse)
+def files_page(request: Request, path: str = "") -> Response:
+    root = request.app.state.settings.shared
+    crumbs = [(part, "/".join(path.split("/")[: i + 1])) for i, part in enumerate(p for p in path.split("/") if p)]
+    return page(request, "files.html", {"path": path, "crumbs": crumbs, "entries": storage.list_folder(root, path)})
+
+
+@router.get("/files/inspect", response_class=HTMLResponse)
+def inspect_page(request: Request, path: str) -> Response:
+    inspection = checkpoints.inspect(request.app.state.settings.shared, path)
+    return page(request, "inspect.html", {"inspection": inspection, "folder": path.rsplit("/", 1)[0]})
 
 
 @router.get("/runs/{run_id}/stream")
@@ -134,7 +171,8 @@ def run_context(run: Run, launcher: LocalLauncher) -> dict[str, Any]:
         "run": run, "elapsed": elapsed, "eta": eta,
         "percent": 100 * run.step / run.total_steps if run.total_steps else 0,
         "outputs": [o for o in files.rank_outputs(run, launcher=launcher) if o.lines],
-        "checkpoints": files.list_checkpoints(run, launcher=launcher),
+        "checkpoints": checkpoints.list_checkpoints(run, launcher=launcher, best_metric=run.best_metric),
+        "removals": checkpoints.removals(run, launcher=launcher),
         "checkpoint_dir": launcher.checkpoint_dir(run), "grace": timedelta(seconds=launcher.settings.stop_grace_s),
     }  # fmt: skip
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, StringConstraints
 
@@ -49,6 +49,18 @@ class RunCreate(BaseModel):
     lr: float = Field(default=0.001, gt=0, le=10, allow_inf_nan=False, description="AdamW's learning rate.")
     checkpoint_every: int = Field(default=1, ge=1, le=100_000, description="Write a checkpoint every N epochs.")
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="The same seed on every rank; same seed, same run.")
+    keep_last: int = Field(default=0, ge=0, le=10_000, description="Keep the newest N checkpoints; 0 keeps all.")
+    keep_best: int = Field(default=0, ge=0, le=10_000, description="Also keep the N best by the best metric.")
+    best_metric: Literal["loss", "epoch_loss"] = Field(
+        default="loss", description="Lower is better: the last step's loss, or the epoch's mean loss."
+    )
+    init_from: Annotated[str | None, BeforeValidator(lambda v: v or None)] = Field(
+        default=None, max_length=1000, description="Start from this checkpoint's weights (a path in the shared folder)."
+    )
+    init_optimizer: bool = Field(default=False, description="With a checkpoint to start from: take its optimizer too.")
+    allow_low_disk: bool = Field(
+        default=False, description="Start even if its checkpoints are projected not to fit on the shared disk."
+    )
 
 
 class RunEventOut(BaseModel):
@@ -78,6 +90,11 @@ class RunOut(BaseModel):
     lr: float
     checkpoint_every: int
     seed: int
+    keep_last: int
+    keep_best: int
+    best_metric: str
+    init_from: str | None
+    init_optimizer: bool
     command: list[str] | None
     exit_code: int | None
     epoch: int
@@ -149,7 +166,66 @@ class SeriesOut(BaseModel):
 
 class CheckpointOut(BaseModel):
     name: str
-    path: str = Field(description="Relative to the shared directory.")
+    path: str = Field(description="Relative to the shared directory; pass it to /api/files/download or /inspect.")
     size: int
     modified: datetime
-    step: int | None
+    step: int
+    epoch: int | None = None
+    metrics: dict[str, MetricValue] = Field(default_factory=dict, description="The trainer's metrics at save time.")
+    reason: str | None = Field(default=None, description="Why it was written: epoch, stop or final.")
+    latest: bool = False
+    best: bool = Field(default=False, description="Lowest value of the chosen metric (best_metric) so far.")
+
+
+class CheckpointRemoval(BaseModel):
+    """One checkpoint the retention policy deleted, as the trainer logged it."""
+
+    removed: str
+    step: int
+    freed: int
+    at: float
+
+
+class Deletion(BaseModel):
+    files: list[str]
+    freed: int = Field(description="Bytes the deletion frees (or would free, in a dry run).")
+    deleted: bool = Field(description="False for a dry run: nothing was deleted.")
+
+
+class TensorOut(BaseModel):
+    name: str
+    shape: list[int]
+    dtype: str
+    numel: int
+
+
+class Inspection(BaseModel):
+    """What a checkpoint holds, read without running any code in it."""
+
+    path: str
+    size: int
+    keys: dict[str, str] = Field(description="Each top-level key with a short description of its value.")
+    tensors: list[TensorOut]
+    parameters: int | None = Field(description="Elements of the tensors under 'model'; null without a model.")
+    truncated: bool = False
+
+
+class DiskOut(BaseModel):
+    total: int
+    used: int
+    free: int
+
+
+class EntryOut(BaseModel):
+    name: str
+    path: str
+    is_dir: bool
+    size: int
+    size_complete: bool
+    modified: datetime
+
+
+class FolderOut(BaseModel):
+    path: str
+    entries: list[EntryOut]
+    disk: DiskOut

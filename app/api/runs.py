@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -10,8 +10,18 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from app.deps import LauncherDep, SessionDep
 from app.errors import InvalidToken
 from app.models import Run, RunStatus
-from app.schemas import BatchIn, CheckpointOut, IngestResult, RunCreate, RunDetail, RunPage, SeriesOut
-from app.services import files, metrics, runs
+from app.schemas import (
+    BatchIn,
+    CheckpointOut,
+    CheckpointRemoval,
+    Deletion,
+    IngestResult,
+    RunCreate,
+    RunDetail,
+    RunPage,
+    SeriesOut,
+)
+from app.services import checkpoints, files, metrics, runs
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 bearer = HTTPBearer(auto_error=False, description="The per-run token the launcher gives the trainer.")
@@ -73,9 +83,30 @@ def read_series(
     return metrics.read_series(db, run_id=run_id, key=key, start_step=start_step, end_step=end_step, limit=limit)
 
 
-@router.get("/{run_id}/checkpoints", response_model=list[CheckpointOut], summary="A run's checkpoint files")
-def list_checkpoints(run_id: int, db: SessionDep, launcher: LauncherDep) -> list[CheckpointOut]:
-    return files.list_checkpoints(runs.get_run(db, run_id=run_id), launcher=launcher)
+@router.get("/{run_id}/checkpoints", response_model=list[CheckpointOut], summary="A run's checkpoints")
+def list_checkpoints(
+    run_id: int, db: SessionDep, launcher: LauncherDep, best_metric: Literal["loss", "epoch_loss"] = "loss"
+) -> list[CheckpointOut]:
+    run = runs.get_run(db, run_id=run_id)
+    return checkpoints.list_checkpoints(run, launcher=launcher, best_metric=best_metric)
+
+
+@router.get("/{run_id}/checkpoints/removed", response_model=list[CheckpointRemoval],
+            summary="Checkpoints the run's retention policy deleted")  # fmt: skip
+def removed_checkpoints(run_id: int, db: SessionDep, launcher: LauncherDep) -> list[CheckpointRemoval]:
+    return checkpoints.removals(runs.get_run(db, run_id=run_id), launcher=launcher)
+
+
+@router.delete("/{run_id}/checkpoints", response_model=Deletion, summary="Delete checkpoints (dry_run tells the cost)")
+def delete_checkpoints(
+    run_id: int,
+    db: SessionDep,
+    launcher: LauncherDep,
+    name: Annotated[list[str] | None, Query(description="Checkpoint file names; none means all.")] = None,
+    dry_run: bool = False,
+) -> Deletion:
+    run = runs.get_run(db, run_id=run_id)
+    return checkpoints.delete_checkpoints(run, names=name, dry_run=dry_run, launcher=launcher)
 
 
 @router.get("/{run_id}/output", summary="The last lines of each rank's stdout and stderr")

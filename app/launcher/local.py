@@ -69,6 +69,9 @@ class LocalLauncher:
             "--workload", run.workload, "--epochs", str(run.epochs), "--batch-size", str(run.batch_size),
             "--lr", repr(run.lr), "--checkpoint-every", str(run.checkpoint_every), "--seed", str(run.seed),
             "--checkpoint-dir", str(self.checkpoint_dir(run)),
+            "--keep-last", str(run.keep_last), "--keep-best", str(run.keep_best), "--best-metric", run.best_metric,
+            *(["--init-from", str(self.settings.shared / run.init_from),
+               "--init-optimizer", str(run.init_optimizer).lower()] if run.init_from else []),
         ]  # fmt: skip
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:

@@ -1,18 +1,14 @@
-"""What a run leaves on shared storage: its checkpoints and each rank's output."""
+"""Each rank's output, as torchrun writes it to the run's folder."""
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from app.launcher.local import LocalLauncher
 from app.models import Run
-from app.schemas import CheckpointOut
 
-CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")
 TAIL_BYTES = 16_384
 
 
@@ -23,23 +19,6 @@ class RankOutput:
     rank: int
     stream: str
     lines: list[str]
-
-
-def list_checkpoints(run: Run, *, launcher: LocalLauncher) -> list[CheckpointOut]:
-    """The run's checkpoint files, oldest step first."""
-    folder = launcher.checkpoint_dir(run)
-    root = launcher.settings.shared
-    found = []
-    for entry in os.scandir(folder) if folder.is_dir() else []:
-        match = CHECKPOINT_NAME.fullmatch(entry.name)
-        if not match or not entry.is_file(follow_symlinks=False):
-            continue  # temporary files of a write in progress, and links, are not checkpoints
-        stat = entry.stat(follow_symlinks=False)
-        found.append(CheckpointOut(
-            name=entry.name, path=str(Path(entry.path).relative_to(root)), size=stat.st_size,
-            modified=datetime.fromtimestamp(stat.st_mtime, timezone.utc), step=int(match.group(1)),
-        ))  # fmt: skip
-    return sorted(found, key=lambda c: c.step or 0)
 
 
 def rank_outputs(run: Run, *, launcher: LocalLauncher, lines: int = 20) -> list[RankOutput]:

@@ -13,7 +13,7 @@ from app.errors import FieldInvalid, RunNotActive, RunNotFound
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
-from app.services import metrics
+from app.services import checkpoints, metrics
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 
@@ -42,7 +42,11 @@ def create_run(db: Session, *, spec: RunCreate, launcher: LocalLauncher) -> Run:
         what = f"{launcher.gpu_count} GPUs" if launcher.gpu_count else f"{launcher.capacity} process slots"
         raise FieldInvalid("nproc_per_node", f"this host has {what}; ask for at most {launcher.capacity}")
     with db.begin():
-        run = Run(**spec.model_dump(), status=RunStatus.queued, status_reason="")
+        if spec.init_from:
+            spec = spec.model_copy(update={"init_from": checkpoints.checked_init_from(launcher.settings.shared,
+                                                                                       spec.init_from)})  # fmt: skip
+        checkpoints.check_disk_room(db, spec, launcher=launcher)
+        run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="")
         db.add(run)
         db.flush()
         run_store.set_status(db, run, RunStatus.queued, "created; waiting for free process slots")

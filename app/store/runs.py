@@ -24,6 +24,11 @@ def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int)
     return runs, total
 
 
+def recent_runs(db: Session, *, workload: str, limit: int) -> Sequence[Run]:
+    """The newest runs of a workload."""
+    return db.scalars(select(Run).where(Run.workload == workload).order_by(Run.id.desc()).limit(limit)).all()
+
+
 def runs_with_status(db: Session, statuses: Iterable[RunStatus]) -> Sequence[Run]:
     """Runs in any of `statuses`, oldest first (the order a queue is served in)."""
     return db.scalars(select(Run).where(Run.status.in_(list(statuses))).order_by(Run.id)).all()

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
+from alembic.command import upgrade as upgrade_to
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
-from app.db import make_engine, prepare_schema, upgrade
+from app.db import alembic_config, make_engine, prepare_schema, upgrade
 from app.errors import SchemaMismatch
 from app.main import create_app
 from app.models import Base
@@ -37,7 +39,8 @@ def test_a_fresh_database_is_created_and_a_second_start_reuses_it(tmp_path: Path
     create_app(settings)
     create_app(settings)
     with make_engine(settings.sqlalchemy_url).connect() as connection:
-        assert connection.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0001"
+        version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    assert version == ScriptDirectory.from_config(alembic_config(settings.sqlalchemy_url)).get_current_head()
 
 
 def test_an_unknown_schema_version_is_refused(tmp_path: Path) -> None:
@@ -57,3 +60,22 @@ def test_tables_without_a_schema_version_are_refused(tmp_path: Path) -> None:
         connection.execute(text("CREATE TABLE runs (id INTEGER PRIMARY KEY)"))
     with pytest.raises(SchemaMismatch, match="no Rankboard schema version"):
         prepare_schema(engine, url)
+
+
+def test_an_older_schema_is_refused_until_upgraded_and_the_upgrade_keeps_the_runs(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    upgrade_to(alembic_config(url), "0001")
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text(
+            "INSERT INTO runs (name, status, status_reason, created_at, workload, nproc_per_node, epochs, batch_size,"
+            " lr, checkpoint_every, seed, epoch, step, total_steps, samples_per_s, trainer_finished)"
+            " VALUES ('old', 'succeeded', '', '2026-01-01 00:00:00', 'mlp', 2, 1, 64, 0.001, 1, 0, 1, 10, 10, 0, 1)"
+        ))  # fmt: skip
+    with pytest.raises(SchemaMismatch, match="rankboard db upgrade"):
+        prepare_schema(engine, url)
+    upgrade(url)
+    prepare_schema(engine, url)
+    with engine.connect() as connection:
+        row = connection.execute(text("SELECT name, keep_last, best_metric, init_from FROM runs")).one()
+    assert tuple(row) == ("old", 0, "loss", None)

@@ -1,0 +1,172 @@
+"""A run's checkpoints: listed from their metadata files, inspected safely, deleted on request."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from app.errors import FieldInvalid, NotACheckpoint, PathNotFound, PathOutsideRoot, RunNotActive
+from app.humanize import size as size_text
+from app.launcher.local import LocalLauncher
+from app.models import Run
+from app.schemas import CheckpointOut, CheckpointRemoval, Deletion, Inspection, RunCreate
+from app.services import storage
+from app.store import runs as run_store
+from trainer import wire
+
+CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")
+INSPECT_TIMEOUT_S = 60.0
+INSPECT_MAX_RSS = 2 << 30  # bytes; the probe memory-maps tensors, so even a large file needs little
+
+
+def list_checkpoints(run: Run, *, launcher: LocalLauncher, best_metric: str = "loss") -> list[CheckpointOut]:
+    """The run's checkpoints, oldest step first, with the newest and the best by `best_metric` marked.
+
+    Only the small metadata file the trainer writes beside each checkpoint is read, never the checkpoint itself.
+    """
+    folder = launcher.checkpoint_dir(run)
+    found = [
+        _describe(folder, entry, launcher.settings.shared)
+        for entry in (os.scandir(folder) if folder.is_dir() else [])
+        if CHECKPOINT_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
+    ]  # temporary files of a write in progress, and links, are not checkpoints
+    found.sort(key=lambda c: c.step)
+    scored = [c for c in found if isinstance(c.metrics.get(best_metric), float)]
+    best = min(scored, key=lambda c: c.metrics[best_metric], default=None)
+    return [c.model_copy(update={"latest": c is found[-1], "best": c is best}) for c in found]
+
+
+def _describe(folder: Path, entry: os.DirEntry[str], root: Path) -> CheckpointOut:
+    name = CHECKPOINT_NAME.fullmatch(entry.name)
+    assert name is not None
+    info = entry.stat(follow_symlinks=False)
+    try:
+        meta = json.loads((folder / entry.name.replace(".pt", ".json")).read_text())
+    except (FileNotFoundError, ValueError):
+        meta = {}  # written by an older trainer, or its metadata was lost: the checkpoint itself still counts
+    metrics = {k: wire.decode_value(v) for k, v in (meta.get("metrics") or {}).items() if isinstance(v, float | str)}
+    return CheckpointOut(
+        name=entry.name, path=storage.relative_name(root, folder / entry.name), size=info.st_size,
+        modified=datetime.fromtimestamp(info.st_mtime, timezone.utc), step=int(name.group(1)),
+        epoch=meta.get("epoch"), metrics=metrics, reason=meta.get("reason"),
+    )  # fmt: skip
+
+
+def checked_init_from(root: Path, init_from: str) -> str:
+    """The checkpoint a new run starts from, as a normalized path in the shared folder; FieldInvalid if unusable."""
+    try:
+        path = storage.existing(root, init_from)
+    except (PathOutsideRoot, PathNotFound) as error:
+        raise FieldInvalid("init_from", error.message) from None
+    if not path.is_file() or path.suffix != ".pt":
+        raise FieldInvalid("init_from", f"{init_from!r} is not a checkpoint file (step-*.pt)")
+    return storage.relative_name(root, path)
+
+
+def projected_size(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> tuple[int, int, str] | None:
+    """(bytes per checkpoint, how many the run keeps, where the size comes from), or None with nothing to go by."""
+    kept = spec.keep_last + spec.keep_best or math.ceil(spec.epochs / spec.checkpoint_every)
+    if spec.init_from:
+        return (launcher.settings.shared / spec.init_from).stat().st_size, kept, "the checkpoint it starts from"
+    for run in run_store.recent_runs(db, workload=spec.workload, limit=20):
+        sizes = [c.size for c in list_checkpoints(run, launcher=launcher)]
+        if sizes:
+            return sizes[-1], kept, f"run {run.id}'s newest checkpoint"
+    return None
+
+
+def check_disk_room(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> None:
+    """FieldInvalid when the run's checkpoints are projected not to fit, unless it was allowed."""
+    projection = projected_size(db, spec, launcher=launcher)
+    free = storage.disk_usage(launcher.settings.shared).free
+    if projection is None or spec.allow_low_disk or projection[0] * projection[1] <= free:
+        return
+    each, kept, source = projection
+    raise FieldInvalid(
+        "allow_low_disk",
+        f"its {kept} checkpoints are projected at {size_text(each * kept)} ({size_text(each)} each, from {source}), "
+        f"but the shared disk has {size_text(free)} free: keep fewer (keep last), checkpoint less often, free space, "
+        "or allow starting anyway",
+    )
+
+
+def removals(run: Run, *, launcher: LocalLauncher) -> list[CheckpointRemoval]:
+    """What the retention policy deleted, from the log the trainer keeps beside the checkpoints."""
+    log = launcher.checkpoint_dir(run) / "retention.jsonl"
+    found = []
+    for line in log.read_text().splitlines() if log.exists() else []:
+        try:
+            found.append(CheckpointRemoval.model_validate_json(line))
+        except ValueError:
+            continue  # a line cut short by a crash
+    return found
+
+
+def delete_checkpoints(run: Run, *, names: list[str] | None, dry_run: bool, launcher: LocalLauncher) -> Deletion:
+    """Deletes the named checkpoints (all when `names` is None) with their metadata; `dry_run` only tells the cost."""
+    checkpoints = {c.name: c for c in list_checkpoints(run, launcher=launcher)}
+    chosen = list(checkpoints) if names is None else names
+    for name in chosen:
+        if name not in checkpoints:
+            raise PathNotFound(f"run {run.id} has no checkpoint {name!r}")
+        if checkpoints[name].latest and not run.status.is_final:
+            raise RunNotActive(f"{name} is the newest checkpoint of run {run.id}, which is still going")
+    freed = sum(checkpoints[name].size for name in chosen)
+    if not dry_run:
+        folder = launcher.checkpoint_dir(run)
+        for name in chosen:
+            (folder / name).unlink(missing_ok=True)
+            (folder / name.replace(".pt", ".json")).unlink(missing_ok=True)
+    return Deletion(files=chosen, freed=freed, deleted=not dry_run)
+
+
+def inspect(root: Path, relative: str) -> Inspection:
+    """Keys, tensors and parameter count of a checkpoint, loaded safely in a child bounded in time and memory."""
+    path = storage.existing(root, relative)
+    if not path.is_file():
+        raise NotACheckpoint(f"{relative!r} is a folder, not a checkpoint file")
+    child = subprocess.Popen([sys.executable, "-m", "app.checkpoint_probe", str(path)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    started = time.monotonic()
+    while True:
+        try:
+            out, _ = child.communicate(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            _within_bounds(child, started, relative)
+    report = json.loads(out) if child.returncode == 0 else {"error": f"the loader failed (exit {child.returncode})"}
+    if "error" in report:
+        raise NotACheckpoint(f"{relative}: {report['error']}")
+    return Inspection(path=relative, size=path.stat().st_size, **report)
+
+
+def _within_bounds(child: subprocess.Popen[bytes], started: float, relative: str) -> None:
+    """Kills the probe and says why, when it runs too long or takes too much memory."""
+    if time.monotonic() - started > INSPECT_TIMEOUT_S:
+        reason = f"loading took longer than {INSPECT_TIMEOUT_S:.0f} s"
+    elif _rss(child.pid) > INSPECT_MAX_RSS:
+        reason = f"loading needed more than {INSPECT_MAX_RSS >> 30} GiB of memory"
+    else:
+        return
+    child.kill()
+    child.communicate()
+    raise NotACheckpoint(f"{relative}: {reason}; not inspected")
+
+
+def _rss(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0

@@ -1,0 +1,108 @@
+"""The shared storage root: the one place the server reads, lists and deletes files, never outside it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from app.errors import PathNotFound, PathOutsideRoot
+
+# A folder's size counts at most this many entries below it, so a huge datasets/ tree cannot stall a page.
+SIZE_SCAN_LIMIT = 20_000
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    total: int
+    used: int
+    free: int
+
+    @property
+    def percent_used(self) -> float:
+        return 100 * self.used / self.total if self.total else 0.0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One item of a folder listing; `size` of a folder is the sum below it (`size_complete` False if capped)."""
+
+    name: str
+    path: str  # relative to the shared root, with "/" separators
+    is_dir: bool
+    size: int
+    modified: datetime
+    size_complete: bool = True
+
+
+def resolve_inside(root: Path, relative: str) -> Path:
+    """The real path `relative` names below `root`; raises PathOutsideRoot for any way out of it.
+
+    Refused: absolute paths, `..` segments, NUL bytes, and symbolic links (anywhere along the path) that resolve
+    outside the root. The server decodes %2F before routing, so an encoded slash arrives here as a real one.
+    """
+    if "\0" in relative or "\\" in relative:
+        raise PathOutsideRoot(f"{relative!r}: NUL bytes and backslashes are not allowed in paths")
+    candidate = Path(relative)
+    if candidate.is_absolute():
+        raise PathOutsideRoot(f"{relative!r}: absolute paths are not allowed; give a path inside the shared folder")
+    if ".." in candidate.parts:
+        raise PathOutsideRoot(f"{relative!r}: '..' is not allowed in paths")
+    real_root = root.resolve()
+    resolved = (real_root / candidate).resolve()
+    if not resolved.is_relative_to(real_root):
+        raise PathOutsideRoot(f"{relative!r} leads outside the shared folder (through a symbolic link)")
+    return resolved
+
+
+def existing(root: Path, relative: str) -> Path:
+    """Like resolve_inside, and the path must exist."""
+    path = resolve_inside(root, relative)
+    if not path.exists():
+        raise PathNotFound(f"{relative!r} does not exist in the shared folder")
+    return path
+
+
+def relative_name(root: Path, path: Path) -> str:
+    return path.relative_to(root.resolve()).as_posix()
+
+
+def list_folder(root: Path, relative: str) -> list[Entry]:
+    """The folder's entries, folders first, each with its size and time; links that leave the root are left out."""
+    folder = existing(root, relative)
+    if not folder.is_dir():
+        raise PathNotFound(f"{relative!r} is a file, not a folder")
+    entries = []
+    for item in os.scandir(folder):
+        target = Path(item.path).resolve()
+        if not target.is_relative_to(root.resolve()) or not target.exists():
+            continue  # a link out of the root, or a dangling one: not ours to show
+        info = target.stat()
+        size, complete = folder_size(target) if stat.S_ISDIR(info.st_mode) else (info.st_size, True)
+        modified = datetime.fromtimestamp(info.st_mtime, timezone.utc)
+        entries.append(Entry(item.name, relative_name(root, folder / item.name), stat.S_ISDIR(info.st_mode), size,
+                             modified, complete))  # fmt: skip
+    return sorted(entries, key=lambda e: (not e.is_dir, e.name))
+
+
+def folder_size(folder: Path) -> tuple[int, bool]:
+    """Bytes of the files below `folder` (links not followed), and whether every entry was counted."""
+    total, seen, pending = 0, 0, [folder]
+    while pending:
+        for item in os.scandir(pending.pop()):
+            seen += 1
+            if seen > SIZE_SCAN_LIMIT:
+                return total, False
+            if item.is_dir(follow_symlinks=False):
+                pending.append(Path(item.path))
+            elif item.is_file(follow_symlinks=False):
+                total += item.stat(follow_symlinks=False).st_size
+    return total, True
+
+
+def disk_usage(root: Path) -> DiskUsage:
+    usage = shutil.disk_usage(root)
+    return DiskUsage(usage.total, usage.used, usage.free)
