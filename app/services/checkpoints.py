@@ -11,6 +11,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -34,31 +35,35 @@ def list_checkpoints(run: Run, *, launcher: LocalLauncher, best_metric: str = "l
     Only the small metadata file the trainer writes beside each checkpoint is read, never the checkpoint itself.
     """
     folder = launcher.checkpoint_dir(run)
-    found = [
-        _describe(folder, entry, launcher.settings.shared)
-        for entry in (os.scandir(folder) if folder.is_dir() else [])
-        if CHECKPOINT_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)
-    ]  # temporary files of a write in progress, and links, are not checkpoints
-    found.sort(key=lambda c: c.step)
-    scored = [c for c in found if isinstance(c.metrics.get(best_metric), float)]
-    best = min(scored, key=lambda c: c.metrics[best_metric], default=None)
-    return [c.model_copy(update={"latest": c is found[-1], "best": c is best}) for c in found]
+    if not folder.is_dir():
+        return []
+    prefix = storage.relative_name(launcher.settings.shared, folder)  # once: resolving per file costs a realpath
+    found = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            name = CHECKPOINT_NAME.fullmatch(entry.name)
+            # Temporary files of a write in progress, and links, are not checkpoints.
+            if name and entry.is_file(follow_symlinks=False):
+                found.append(_describe(entry, int(name.group(1)), f"{prefix}/{entry.name}"))
+    found.sort(key=lambda c: c["step"])
+    scored = [c for c in found if isinstance(c["metrics"].get(best_metric), float)]
+    best = min(scored, key=lambda c: c["metrics"][best_metric], default=None)
+    for checkpoint in found:
+        checkpoint.update(latest=checkpoint is found[-1], best=checkpoint is best)
+    return [CheckpointOut(**c) for c in found]
 
 
-def _describe(folder: Path, entry: os.DirEntry[str], root: Path) -> CheckpointOut:
-    name = CHECKPOINT_NAME.fullmatch(entry.name)
-    assert name is not None
+def _describe(entry: os.DirEntry[str], step: int, path: str) -> dict[str, Any]:
     info = entry.stat(follow_symlinks=False)
     try:
-        meta = json.loads((folder / entry.name.replace(".pt", ".json")).read_text())
+        with open(entry.path.removesuffix(".pt") + ".json") as sidecar:
+            meta = json.load(sidecar)
     except (FileNotFoundError, ValueError):
         meta = {}  # written by an older trainer, or its metadata was lost: the checkpoint itself still counts
     metrics = {k: wire.decode_value(v) for k, v in (meta.get("metrics") or {}).items() if isinstance(v, float | str)}
-    return CheckpointOut(
-        name=entry.name, path=storage.relative_name(root, folder / entry.name), size=info.st_size,
-        modified=datetime.fromtimestamp(info.st_mtime, timezone.utc), step=int(name.group(1)),
-        epoch=meta.get("epoch"), metrics=metrics, reason=meta.get("reason"),
-    )  # fmt: skip
+    return {"name": entry.name, "path": path, "size": info.st_size, "step": step, "epoch": meta.get("epoch"),
+            "modified": datetime.fromtimestamp(info.st_mtime, timezone.utc), "metrics": metrics,
+            "reason": meta.get("reason")}  # fmt: skip
 
 
 def checked_init_from(root: Path, init_from: str) -> str:

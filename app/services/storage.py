@@ -67,7 +67,9 @@ def existing(root: Path, relative: str) -> Path:
 
 
 def relative_name(root: Path, path: Path) -> str:
-    return path.relative_to(root.resolve()).as_posix()
+    """`path` relative to the root, "/"-separated; "" for the root itself."""
+    relative = path.relative_to(root.resolve()).as_posix()
+    return "" if relative == "." else relative
 
 
 def list_folder(root: Path, relative: str) -> list[Entry]:
@@ -75,16 +77,21 @@ def list_folder(root: Path, relative: str) -> list[Entry]:
     folder = existing(root, relative)
     if not folder.is_dir():
         raise PathNotFound(f"{relative!r} is a file, not a folder")
+    real_root, prefix = root.resolve(), relative_name(root, folder)
     entries = []
-    for item in os.scandir(folder):
-        target = Path(item.path).resolve()
-        if not target.is_relative_to(root.resolve()) or not target.exists():
-            continue  # a link out of the root, or a dangling one: not ours to show
-        info = target.stat()
-        size, complete = folder_size(target) if stat.S_ISDIR(info.st_mode) else (info.st_size, True)
-        modified = datetime.fromtimestamp(info.st_mtime, timezone.utc)
-        entries.append(Entry(item.name, relative_name(root, folder / item.name), stat.S_ISDIR(info.st_mode), size,
-                             modified, complete))  # fmt: skip
+    with os.scandir(folder) as items:
+        for item in items:
+            # Only a link can lead out of the folder; resolving every entry would cost a realpath each.
+            if item.is_symlink() and not Path(item.path).resolve().is_relative_to(real_root):
+                continue
+            try:
+                info = item.stat()
+            except FileNotFoundError:
+                continue  # a dangling link
+            is_dir = stat.S_ISDIR(info.st_mode)
+            size, complete = folder_size(Path(item.path)) if is_dir else (info.st_size, True)
+            entries.append(Entry(item.name, f"{prefix}/{item.name}" if prefix else item.name, is_dir, size,
+                                 datetime.fromtimestamp(info.st_mtime, timezone.utc), complete))  # fmt: skip
     return sorted(entries, key=lambda e: (not e.is_dir, e.name))
 
 

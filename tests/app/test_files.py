@@ -61,7 +61,7 @@ def test_a_folder_lists_folders_first_with_sizes_and_hides_links_that_leave(clie
         ("inside.txt", False, 10240),
         ("notes.txt", False, 10240),
     ]
-    top = {e["name"]: e for e in client.get("/api/files").json()["entries"]}
+    top = {e["path"]: e for e in client.get("/api/files").json()["entries"]}
     assert (
         top["checkpoints"]["is_dir"]
         and top["checkpoints"]["size"] == (shared / "checkpoints/run-1/step-7.pt").stat().st_size
