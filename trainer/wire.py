@@ -31,6 +31,19 @@ FINISHED_MARKER = "trainer-finished.json"  # rank 0 writes it in the run folder 
 # The client's spool files in the run folder: one batch per line, exactly as it would have been posted.
 SPOOL_GLOB = "spool-*.jsonl"
 
+# Checkpoints, in the run's checkpoint folder. Rank 0 writes `step-00000512.pt` and then, once it is in place, its
+# sidecar `step-00000512.json` (a `CheckpointSidecar`), each by an atomic rename. The server lists checkpoints from
+# the sidecars alone and never opens a .pt: a .pt without a sidecar is not (yet, or no longer) a checkpoint.
+CHECKPOINT_GLOB = "step-*.pt"
+CHECKPOINT_SIDECAR_GLOB = "step-*.json"
+CHECKPOINT_REASONS = ("epoch", "stop", "final")  # why it was written: an epoch boundary, a stop request, the end
+CHECKPOINT_METRICS = ("loss", "epoch_loss")  # a sidecar's metrics; lower is better for both
+# The trainer's retention appends one JSON line per checkpoint it deleted, in the checkpoint folder ("freed": bytes
+# of the .pt and its sidecar that were still there):
+#     {"removed": "step-00000064.pt", "step": 64, "freed": 929115, "at": 1763700000.0,
+#      "policy": {"keep_last": 1, "keep_best": 1, "best_metric": "epoch_loss"}}
+RETENTION_LOG = "retention.jsonl"
+
 # The built-in workloads `python -m trainer --workload NAME` accepts, with what a person sees in the form.
 WORKLOADS = {"mlp": "MLP classifier on synthetic data (65,536 samples, 32 features, 10 classes)"}
 
@@ -101,3 +114,59 @@ class Batch:
         if self.progress is not None:
             body["progress"] = asdict(self.progress)
         return body
+
+
+def checkpoint_name(step: int) -> str:
+    """The file name of the checkpoint written at this step: `step-00000512.pt`."""
+    return f"step-{step:08d}.pt"
+
+
+def sidecar_name(checkpoint: str) -> str:
+    """The name of a checkpoint's metadata file: `step-00000512.pt` -> `step-00000512.json`."""
+    return checkpoint.removesuffix(".pt") + ".json"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step in a checkpoint's or sidecar's file name, or None for any other name (temporary files included)."""
+    for suffix in (".pt", ".json"):
+        if name.startswith("step-") and name.endswith(suffix):
+            digits = name[len("step-") : -len(suffix)]
+            return int(digits) if digits.isascii() and digits.isdigit() else None
+    return None
+
+
+@dataclass(frozen=True)
+class CheckpointSidecar:
+    """What a checkpoint's `step-*.json` says about it, so that listing checkpoints never loads one."""
+
+    file: str  # the checkpoint's name, in the same folder
+    step: int
+    epoch: int
+    metrics: dict[str, float]  # CHECKPOINT_METRICS, each averaged over the ranks
+    size: int  # bytes of the .pt
+    written_at: float  # unix time
+    reason: str  # one of CHECKPOINT_REASONS
+
+    def to_json(self) -> dict[str, Any]:
+        body = asdict(self)
+        body["metrics"] = {key: encode_value(value) for key, value in self.metrics.items()}
+        return body
+
+    @classmethod
+    def from_json(cls, body: Any) -> CheckpointSidecar:
+        """Read a decoded sidecar; raises ValueError when it is not one."""
+        try:
+            sidecar = cls(
+                file=str(body["file"]),
+                step=int(body["step"]),
+                epoch=int(body["epoch"]),
+                metrics={str(key): decode_value(value) for key, value in body["metrics"].items()},
+                size=int(body["size"]),
+                written_at=float(body["written_at"]),
+                reason=str(body["reason"]),
+            )
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            raise ValueError(f"not a checkpoint sidecar: {type(error).__name__}: {error}") from None
+        if checkpoint_step(sidecar.file) != sidecar.step or not sidecar.file.endswith(".pt"):
+            raise ValueError(f"not a checkpoint sidecar: file {sidecar.file!r} does not match step {sidecar.step}")
+        return sidecar
