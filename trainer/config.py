@@ -34,6 +34,26 @@ class TrainConfig:
         default_factory=_checkpoint_dir_from_env,
         metadata={"help": f"folder for step-*.pt files; default ${wire.ENV_CHECKPOINT_DIR}, else ./checkpoints"},
     )
+    keep_last: int = field(
+        default=0,
+        metadata={"help": "after each save, keep the newest this many checkpoints, >= 0 (0 with keep-best 0: all)"},
+    )
+    keep_best: int = field(
+        default=0,
+        metadata={"help": "after each save, also keep this many with the lowest best-metric, >= 0; the newest stays"},
+    )
+    best_metric: str = field(
+        default="loss",
+        metadata={"help": f"what keep-best ranks by, lower is better: one of {list(wire.CHECKPOINT_METRICS)}"},
+    )
+    init_from: str = field(
+        default="",
+        metadata={"help": "a step-*.pt of an earlier run to start from (its weights); step and epoch start at 0"},
+    )
+    init_optimizer: bool = field(
+        default=False,
+        metadata={"help": "with init-from, also take its optimizer state (AdamW moments), not only its weights"},
+    )
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -46,6 +66,16 @@ class TrainConfig:
         _check_int("seed", self.seed, 0, math.inf)
         if not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir:
             raise ValueError(f"checkpoint_dir must be a non-empty path, got {self.checkpoint_dir!r}")
+        _check_int("keep_last", self.keep_last, 0, math.inf)
+        _check_int("keep_best", self.keep_best, 0, math.inf)
+        if self.best_metric not in wire.CHECKPOINT_METRICS:
+            raise ValueError(f"best_metric must be one of {list(wire.CHECKPOINT_METRICS)}, got {self.best_metric!r}")
+        if not isinstance(self.init_from, str):
+            raise ValueError(f"init_from must be a path, or empty for none, got {self.init_from!r}")
+        if not isinstance(self.init_optimizer, bool):
+            raise ValueError(f"init_optimizer must be true or false, got {self.init_optimizer!r}")
+        if self.init_optimizer and not self.init_from:
+            raise ValueError("init_optimizer needs init_from: the optimizer state comes from that checkpoint")
 
     @classmethod
     def from_argv(cls, argv: Sequence[str] | None = None) -> TrainConfig:
@@ -66,12 +96,14 @@ class TrainConfig:
         types = typing.get_type_hints(cls)  # the annotations are strings under `from __future__ import annotations`
         for f in dataclasses.fields(cls):
             default = f.default_factory() if callable(f.default_factory) else f.default
+            # A bool flag alone means true, and also takes a value, so that `to_argv` can spell out a false.
+            kind: dict[str, Any] = (
+                {"type": _parse_bool, "nargs": "?", "const": True, "metavar": "true|false"}
+                if types[f.name] is bool
+                else {"type": types[f.name]}
+            )
             parser.add_argument(
-                f"--{f.name.replace('_', '-')}",
-                dest=f.name,
-                type=types[f.name],
-                default=default,
-                help=f.metadata["help"],
+                f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=f.metadata["help"], **kind
             )
         return parser
 
@@ -80,12 +112,23 @@ class TrainConfig:
         return [
             arg
             for f in dataclasses.fields(self)
-            for arg in (f"--{f.name.replace('_', '-')}", str(getattr(self, f.name)))
+            for arg in (f"--{f.name.replace('_', '-')}", _argv_value(getattr(self, f.name)))
         ]
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain values, fit for a checkpoint that loads with `weights_only=True`."""
         return dataclasses.asdict(self)
+
+
+def _parse_bool(text: str) -> bool:
+    words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    if text.lower() not in words:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return words[text.lower()]
+
+
+def _argv_value(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def _check_int(name: str, value: object, low: float, high: float) -> None:

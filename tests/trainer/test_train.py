@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -58,7 +59,13 @@ def rank_log(tmp: Path, local_rank: int, stream: str = "stdout") -> str:
 
 
 def checkpoints(tmp: Path) -> list[Path]:
-    return sorted((tmp / "checkpoints").glob("*"))
+    return sorted((tmp / "checkpoints").glob(wire.CHECKPOINT_GLOB))
+
+
+def sidecar(checkpoint: Path) -> wire.CheckpointSidecar:
+    """What the server reads about a checkpoint: the JSON file beside it."""
+    text = checkpoint.with_name(wire.sidecar_name(checkpoint.name)).read_text()
+    return wire.CheckpointSidecar.from_json(json.loads(text))
 
 
 @dataclass
@@ -90,10 +97,15 @@ def test_a_short_run_writes_a_loadable_checkpoint_per_epoch(finished_run: ShortR
     assert finished_run.returncode == 0, finished_run.output
     steps = finished_run.steps_per_epoch
     assert [p.name for p in checkpoints(finished_run.tmp)] == [f"step-{steps:08d}.pt", f"step-{2 * steps:08d}.pt"]
+    assert {p.name for p in (finished_run.tmp / "checkpoints").iterdir()} == {
+        name for p in checkpoints(finished_run.tmp) for name in (p.name, wire.sidecar_name(p.name))
+    }, "a sidecar beside each, no retention log (nothing removed), no temporary file"
     for epoch, path in enumerate(checkpoints(finished_run.tmp), start=1):
+        reason = "final" if epoch == 2 else "epoch"
         snapshot = torch.load(path, weights_only=True)
-        assert snapshot.keys() == {"model", "optimizer", "epoch", "step", "config"}
+        assert snapshot.keys() == {"model", "optimizer", "epoch", "step", "metrics", "config"}
         assert (snapshot["epoch"], snapshot["step"]) == (epoch, epoch * steps)
+        assert (sidecar(path).epoch, sidecar(path).step, sidecar(path).reason) == (epoch, epoch * steps, reason)
         assert TrainConfig(**snapshot["config"]).batch_size == 512
         assert snapshot["optimizer"]["state"], "the optimizer's moments are saved too"
 
@@ -188,6 +200,7 @@ def test_sigterm_stops_every_process_after_a_checkpoint(tmp_path: Path) -> None:
     [path] = checkpoints(tmp_path)
     step = torch.load(path, weights_only=True)["step"]
     assert 0 < step < 1000 * SAMPLES_PER_RANK // 64
+    assert (sidecar(path).step, sidecar(path).reason) == (step, "stop")
     for rank in (0, 1):
         assert f"[rank {rank}] stopped on request at step {step} of" in rank_log(tmp_path, rank)
         assert "Traceback" not in rank_log(tmp_path, rank, "stderr")
