@@ -56,14 +56,15 @@ def list_checkpoints(run: Run, *, launcher: LocalLauncher, best_metric: str = "l
 def _describe(entry: os.DirEntry[str], step: int, path: str) -> dict[str, Any]:
     info = entry.stat(follow_symlinks=False)
     try:
-        with open(entry.path.removesuffix(".pt") + ".json") as sidecar:
-            meta = json.load(sidecar)
+        with open(os.path.join(os.path.dirname(entry.path), wire.sidecar_name(entry.name))) as file:
+            sidecar: wire.CheckpointSidecar | None = wire.CheckpointSidecar.from_json(json.load(file))
     except (FileNotFoundError, ValueError):
-        meta = {}  # written by an older trainer, or its metadata was lost: the checkpoint itself still counts
-    metrics = {k: wire.decode_value(v) for k, v in (meta.get("metrics") or {}).items() if isinstance(v, float | str)}
-    return {"name": entry.name, "path": path, "size": info.st_size, "step": step, "epoch": meta.get("epoch"),
-            "modified": datetime.fromtimestamp(info.st_mtime, timezone.utc), "metrics": metrics,
-            "reason": meta.get("reason")}  # fmt: skip
+        # Its metadata is still being written, or was lost: the complete .pt is still a checkpoint one can load.
+        sidecar = None
+    return {"name": entry.name, "path": path, "size": info.st_size, "step": step,
+            "modified": datetime.fromtimestamp(info.st_mtime, timezone.utc),
+            "epoch": sidecar.epoch if sidecar else None, "metrics": sidecar.metrics if sidecar else {},
+            "reason": sidecar.reason if sidecar else None}  # fmt: skip
 
 
 def checked_init_from(root: Path, init_from: str) -> str:
@@ -106,7 +107,7 @@ def check_disk_room(db: Session, spec: RunCreate, *, launcher: LocalLauncher) ->
 
 def removals(run: Run, *, launcher: LocalLauncher) -> list[CheckpointRemoval]:
     """What the retention policy deleted, from the log the trainer keeps beside the checkpoints."""
-    log = launcher.checkpoint_dir(run) / "retention.jsonl"
+    log = launcher.checkpoint_dir(run) / wire.RETENTION_LOG
     found = []
     for line in log.read_text().splitlines() if log.exists() else []:
         try:
@@ -130,7 +131,7 @@ def delete_checkpoints(run: Run, *, names: list[str] | None, dry_run: bool, laun
         folder = launcher.checkpoint_dir(run)
         for name in chosen:
             (folder / name).unlink(missing_ok=True)
-            (folder / name.replace(".pt", ".json")).unlink(missing_ok=True)
+            (folder / wire.sidecar_name(name)).unlink(missing_ok=True)
     return Deletion(files=chosen, freed=freed, deleted=not dry_run)
 
 

@@ -49,3 +49,12 @@ def tail(path: Path, lines: int) -> list[str]:
     if size > TAIL_BYTES:
         text = text[1:]  # the first line read is probably cut
     return text[-lines:]
+
+
+def checkpoint_failure(run: Run, *, launcher: LocalLauncher) -> str | None:
+    """The trainer's own words when a checkpoint could not be written (a full disk, a quota), if it said so."""
+    for output in rank_outputs(run, launcher=launcher, lines=50):
+        for line in reversed(output.lines):
+            if " NOT written: " in line:
+                return line.split("] ", 1)[-1]  # without the "[rank 0]" prefix
+    return None

@@ -13,7 +13,7 @@ from app.errors import FieldInvalid, RunNotActive, RunNotFound
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
-from app.services import checkpoints, metrics
+from app.services import checkpoints, files, metrics
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 
@@ -101,6 +101,8 @@ def _finish(db: Session, run: Run, *, launcher: LocalLauncher, exit_code: int | 
     run.finished_at = utcnow()
     run.devices = None
     run.final_loss = metric_store.last_value(db, run_id=run.id, key="loss")
+    if status == RunStatus.failed and (why := files.checkpoint_failure(run, launcher=launcher)):
+        reason = f"{reason}: {why}"
     if recovered:
         reason += f"; {recovered} points the trainer could not send were recovered from its spool"
     run_store.set_status(db, run, status, reason)

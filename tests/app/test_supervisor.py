@@ -55,6 +55,24 @@ def test_points_spooled_while_the_server_was_away_are_stored_when_the_run_ends(c
     assert not (folder / "spool-node1-rank0.jsonl").exists()
 
 
+def test_a_run_that_failed_to_write_a_checkpoint_says_why(client: TestClient) -> None:
+    run_id = started_run(client)
+    folder = run_dir(client, run_id)
+    rank0 = folder / "ranks" / "abc_1" / "attempt_0" / "0"
+    rank0.mkdir(parents=True)
+    (rank0 / "stdout.log").write_text(
+        "[rank 0] saved step-00000128.pt\n[rank 0] checkpoint step-00000256.pt NOT written: No space left on device"
+        " (ENOSPC); the previous checkpoint step-00000128.pt is intact\n"
+    )
+    (folder / "exit.json").write_text(json.dumps({"exit_code": 1}))
+    run = tick(client)
+    assert run["status"] == "failed"
+    assert run["status_reason"].endswith(
+        "checkpoint step-00000256.pt NOT written: No space left on device (ENOSPC); the previous checkpoint "
+        "step-00000128.pt is intact"
+    )
+
+
 def test_a_run_whose_processes_vanished_without_an_exit_record_is_lost(client: TestClient) -> None:
     started_run(client)
     with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
