@@ -97,6 +97,15 @@ def removed_checkpoints(run_id: int, db: SessionDep, launcher: LauncherDep) -> l
     return checkpoints.removals(runs.get_run(db, run_id=run_id), launcher=launcher)
 
 
+# After /removed: otherwise {name} would take "removed".
+@router.get("/{run_id}/checkpoints/{name}", response_model=CheckpointOut, summary="One checkpoint's metadata")
+def get_checkpoint(
+    run_id: int, name: str, db: SessionDep, launcher: LauncherDep, best_metric: Literal["loss", "epoch_loss"] = "loss"
+) -> CheckpointOut:
+    run = runs.get_run(db, run_id=run_id)
+    return checkpoints.get_checkpoint(run, name=name, launcher=launcher, best_metric=best_metric)
+
+
 @router.delete("/{run_id}/checkpoints", response_model=Deletion, summary="Delete checkpoints (dry_run tells the cost)")
 def delete_checkpoints(
     run_id: int,

@@ -53,6 +53,14 @@ def list_checkpoints(run: Run, *, launcher: LocalLauncher, best_metric: str = "l
     return [CheckpointOut(**c) for c in found]
 
 
+def get_checkpoint(run: Run, *, name: str, launcher: LocalLauncher, best_metric: str = "loss") -> CheckpointOut:
+    """One checkpoint of the run, as listed; raises PathNotFound."""
+    found = [c for c in list_checkpoints(run, launcher=launcher, best_metric=best_metric) if c.name == name]
+    if not found:
+        raise PathNotFound(f"run {run.id} has no checkpoint {name!r}")
+    return found[0]
+
+
 def _describe(entry: os.DirEntry[str], step: int, path: str) -> dict[str, Any]:
     info = entry.stat(follow_symlinks=False)
     try:

@@ -51,6 +51,12 @@ def test_checkpoints_come_with_their_metrics_and_the_latest_and_best_marked(
     assert [c["step"] for c in by_epoch_loss if c["best"]] == [20]
 
 
+def test_one_checkpoints_metadata(client: TestClient, run_folder: Path) -> None:
+    one = client.get("/api/runs/1/checkpoints/step-00000020.pt").json()
+    assert (one["step"], one["epoch"], one["metrics"], one["best"]) == (20, 2, {"loss": 0.4, "epoch_loss": 0.9}, True)
+    assert client.get("/api/runs/1/checkpoints/step-00000099.pt").status_code == 404
+
+
 def test_a_dry_run_tells_what_a_deletion_frees_and_deletes_nothing(client: TestClient, run_folder: Path) -> None:
     preview = client.delete("/api/runs/1/checkpoints", params={"dry_run": True}).json()
     assert preview == {"files": ["step-00000010.pt", "step-00000020.pt", "step-00000030.pt", "step-00000040.pt"],
