@@ -34,7 +34,8 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
         if batch.progress is not None:
             progress = batch.progress
             run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
-            run.samples_per_s = progress.samples_per_s
+            if progress.samples_per_s:  # the final report has no rate to give: keep the last measured one
+                run.samples_per_s = progress.samples_per_s
             run.heartbeat_at = utcnow()
             if run.status == RunStatus.starting:
                 run_store.set_status(db, run, RunStatus.running, "the trainer reported its first progress")

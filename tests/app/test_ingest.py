@@ -52,6 +52,9 @@ def test_progress_moves_a_starting_run_to_running_and_is_shown(client: TestClien
     run = client.get(f"/api/runs/{run_id}").json()
     assert (run["status"], run["epoch"], run["step"], run["total_steps"]) == ("running", 2, 40, 100)
     assert run["heartbeat_at"] is not None
+    final = {**progress, "step": 100, "samples_per_s": 0.0, "finished": True}  # the trainer's last word has no rate
+    post(client, run_id, {"points": [], "progress": final})
+    assert client.get(f"/api/runs/{run_id}").json()["samples_per_s"] == 1234.5
 
 
 @pytest.mark.parametrize(
