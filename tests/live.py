@@ -36,6 +36,7 @@ class LiveServer:
 
     def __init__(self, root: Path, **env: str) -> None:
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {

@@ -10,11 +10,9 @@ import resource
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,62 +20,55 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from tests.trainer.test_train import REPO, SAMPLES_PER_RANK, outside_dashboard_env, rank_log, torchrun_command
+from tests.live import LiveServer, open_run
+from tests.trainer.test_train import (
+    REPO,
+    SAMPLES_PER_RANK,
+    assert_finished,
+    outside_dashboard_env,
+    rank_log,
+    torchrun_command,
+)
 from tests.trainer.test_train import sidecar as read_sidecar
 from trainer import checkpoints, wire
 from trainer.config import TrainConfig
 from trainer.workloads import WORKLOADS
 
+TOKEN = "checkpoint-tests"
+
 # --- helpers ----------------------------------------------------------------------------------------------------
 
 
-class IngestStub:
-    """Stands in for the server's ingest endpoint and keeps what rank 0 reported: the losses the dashboard plots."""
+class ReportingServer:
+    """The real server with a run opened for the trainer to report to: it keeps the losses the dashboard plots."""
 
-    def __init__(self) -> None:
-        self.points: dict[tuple[str, int], float] = {}
-        points = self.points
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                batch = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                for point in batch["points"]:
-                    points[point["key"], point["step"]] = wire.decode_value(point["value"])
-                self.send_response(200)
-                self.send_header("Content-Length", "2")
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # quiet: pytest shows stderr of a failed test
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def __init__(self, root: Path) -> None:
+        self.live = LiveServer(root, RANKBOARD_SUPERVISE_INTERVAL_S="3600")  # the run is opened, never launched
+        self.live.start()
+        self.run_id = open_run(self.live, TOKEN)
 
     def env(self, run_dir: Path) -> dict[str, str]:
         """The launcher's environment for a dashboard run that reports here."""
         return {
             **outside_dashboard_env(),
-            wire.ENV_RUN_ID: "1",
-            wire.ENV_SERVER_URL: f"http://127.0.0.1:{self.server.server_address[1]}",
-            wire.ENV_TOKEN: "token",
+            wire.ENV_RUN_ID: str(self.run_id),
+            wire.ENV_SERVER_URL: self.live.url,
+            wire.ENV_TOKEN: TOKEN,
             wire.ENV_RUN_DIR: str(run_dir),
         }
 
     def losses(self) -> dict[int, float]:
-        """Every step's loss as reported, averaged over the ranks by the trainer."""
-        return {step: value for (key, step), value in self.points.items() if key == "loss"}
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        """Every step's loss as stored, averaged over the ranks by the trainer."""
+        with self.live.api() as api:
+            points = api.get(f"/api/runs/{self.run_id}/metrics/loss", params={"limit": 100_000}).json()["points"]
+        return {p["step"]: wire.decode_value(p["value"]) for p in points}
 
 
 @pytest.fixture
-def ingest() -> Iterator[IngestStub]:
-    stub = IngestStub()
-    yield stub
-    stub.close()
+def ingest(tmp_path: Path) -> Iterator[ReportingServer]:
+    server = ReportingServer(tmp_path / "server")
+    yield server
+    server.live.stop()
 
 
 @dataclass
@@ -95,14 +86,7 @@ class Run:
         return rank_log(self.tmp, rank, stream)
 
     def assert_finished(self) -> None:
-        """The trainer's own record says the training finished, and no rank failed but in the known way.
-
-        Not torchrun's exit code alone: rarely a rank aborts after finishing ("terminate called without an active
-        exception", in torch's gloo teardown; see the DDP checklist), and torchrun then exits 1.
-        """
-        assert (self.tmp / "run" / wire.FINISHED_MARKER).is_file(), self.output
-        known = {"", "terminate called without an active exception"}
-        assert self.returncode == 0 or {self.log(r, "stderr").strip() for r in (0, 1)} <= known, self.output
+        assert_finished(self.tmp, self.returncode, self.output)
 
 
 def train(tmp: Path, *args: str, env: dict[str, str] | None = None, file_size_limit: int | None = None) -> Run:
@@ -150,7 +134,7 @@ RETENTION_ARGS = ("--epochs", "4", "--batch-size", "256", "--lr", "0.02", "--see
 
 
 def test_retention_keeps_the_newest_and_the_best_and_every_sidecar_tells_the_truth(
-    tmp_path: Path, ingest: IngestStub
+    tmp_path: Path, ingest: ReportingServer
 ) -> None:
     # By the last step's loss: on this workload the epoch's mean loss falls every epoch, so the best by epoch_loss
     # is always the newest checkpoint and keep_best would keep nothing more. The last step's loss wobbles.
@@ -285,7 +269,7 @@ def test_a_sidecar_that_cannot_be_written_takes_its_checkpoint_with_it(tmp_path:
 
 
 def test_a_run_started_from_a_checkpoint_takes_its_first_step_with_its_weights(
-    first_run: Run, tmp_path: Path, ingest: IngestStub
+    first_run: Run, tmp_path: Path, ingest: ReportingServer
 ) -> None:
     source = first_checkpoint(first_run)
     run = train(

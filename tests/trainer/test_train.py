@@ -81,8 +81,22 @@ SHORT_RUN_ARGS = ("--epochs", "2", "--batch-size", "512", "--checkpoint-every", 
 
 def short_run(tmp: Path) -> ShortRun:
     command = torchrun_command(tmp, *SHORT_RUN_ARGS, "--checkpoint-dir", str(tmp / "checkpoints"))
-    done = subprocess.run(command, cwd=REPO, env=outside_dashboard_env(), capture_output=True, text=True, timeout=120)
+    env = {**outside_dashboard_env(), wire.ENV_RUN_DIR: str(tmp / "run")}  # where the finished marker goes
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     return ShortRun(tmp, done.returncode, done.stdout + done.stderr)
+
+
+KNOWN_EXIT_ABORT = "terminate called without an active exception"
+
+
+def assert_finished(tmp: Path, returncode: int, output: str) -> None:
+    """The trainer's own record says the training finished, and no rank failed but in the known way.
+
+    Not torchrun's exit code alone: rarely a rank aborts after finishing (KNOWN_EXIT_ABORT, in torch's gloo
+    teardown; see the DDP checklist), and torchrun then exits 1. The server judges a run the same way.
+    """
+    assert (tmp / "run" / wire.FINISHED_MARKER).is_file(), output
+    assert returncode == 0 or {rank_log(tmp, r, "stderr").strip() for r in (0, 1)} <= {"", KNOWN_EXIT_ABORT}, output
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +108,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> ShortRun:
 
 
 def test_a_short_run_writes_a_loadable_checkpoint_per_epoch(finished_run: ShortRun) -> None:
-    assert finished_run.returncode == 0, finished_run.output
+    assert_finished(finished_run.tmp, finished_run.returncode, finished_run.output)
     steps = finished_run.steps_per_epoch
     assert [p.name for p in checkpoints(finished_run.tmp)] == [f"step-{steps:08d}.pt", f"step-{2 * steps:08d}.pt"]
     assert {p.name for p in (finished_run.tmp / "checkpoints").iterdir()} == {
@@ -127,7 +141,7 @@ def test_both_ranks_report_and_the_loss_goes_down(finished_run: ShortRun) -> Non
 
 def test_the_same_seed_gives_bitwise_identical_weights(finished_run: ShortRun, tmp_path: Path) -> None:
     again = short_run(tmp_path)
-    assert again.returncode == 0, again.output
+    assert_finished(again.tmp, again.returncode, again.output)
     first = torch.load(checkpoints(finished_run.tmp)[-1], weights_only=True)
     second = torch.load(checkpoints(again.tmp)[-1], weights_only=True)
     for name, tensor in first["model"].items():
