@@ -34,6 +34,10 @@ MetricValue = Annotated[
 ]
 
 
+# What keep-best ranks checkpoints by (wire.CHECKPOINT_METRICS; a test keeps the two the same).
+BestMetric = Literal["loss", "epoch_loss"]
+
+
 class RunCreate(BaseModel):
     """A new run of a built-in workload. The limits here are shown in the form next to each field."""
 
@@ -51,7 +55,7 @@ class RunCreate(BaseModel):
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="The same seed on every rank; same seed, same run.")
     keep_last: int = Field(default=0, ge=0, le=10_000, description="Keep the newest N checkpoints; 0 keeps all.")
     keep_best: int = Field(default=0, ge=0, le=10_000, description="Also keep the N best by the best metric.")
-    best_metric: Literal["loss", "epoch_loss"] = Field(
+    best_metric: BestMetric = Field(
         default="loss", description="Lower is better: the last step's loss, or the epoch's mean loss."
     )
     init_from: Annotated[str | None, BeforeValidator(lambda v: v or None)] = Field(

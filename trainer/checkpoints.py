@@ -163,7 +163,7 @@ class Retention:
 
     def _remove(self, sidecar: wire.CheckpointSidecar) -> None:
         try:
-            # The sidecar first: the server stops listing the checkpoint before its .pt goes away.
+            # The sidecar first: a .pt left alone by a crash here is still complete, and listed without metrics.
             freed = sum(_unlink(self.directory / name) for name in (wire.sidecar_name(sidecar.file), sidecar.file))
         except OSError as error:
             self._say(f"could not delete {sidecar.file}, which retention no longer keeps: {describe(error)}")

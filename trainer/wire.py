@@ -32,8 +32,9 @@ FINISHED_MARKER = "trainer-finished.json"  # rank 0 writes it in the run folder 
 SPOOL_GLOB = "spool-*.jsonl"
 
 # Checkpoints, in the run's checkpoint folder. Rank 0 writes `step-00000512.pt` and then, once it is in place, its
-# sidecar `step-00000512.json` (a `CheckpointSidecar`), each by an atomic rename. The server lists checkpoints from
-# the sidecars alone and never opens a .pt: a .pt without a sidecar is not (yet, or no longer) a checkpoint.
+# sidecar `step-00000512.json` (a `CheckpointSidecar`), each by an atomic rename. The server reads only the sidecars,
+# never a .pt; a .pt whose sidecar is missing (a crash between the two renames) is still listed, without metrics,
+# because it is complete and loads.
 CHECKPOINT_GLOB = "step-*.pt"
 CHECKPOINT_SIDECAR_GLOB = "step-*.json"
 CHECKPOINT_REASONS = ("epoch", "stop", "final")  # why it was written: an epoch boundary, a stop request, the end

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -12,6 +12,7 @@ from app.errors import InvalidToken
 from app.models import Run, RunStatus
 from app.schemas import (
     BatchIn,
+    BestMetric,
     CheckpointOut,
     CheckpointRemoval,
     Deletion,
@@ -85,7 +86,7 @@ def read_series(
 
 @router.get("/{run_id}/checkpoints", response_model=list[CheckpointOut], summary="A run's checkpoints")
 def list_checkpoints(
-    run_id: int, db: SessionDep, launcher: LauncherDep, best_metric: Literal["loss", "epoch_loss"] = "loss"
+    run_id: int, db: SessionDep, launcher: LauncherDep, best_metric: BestMetric = "loss"
 ) -> list[CheckpointOut]:
     run = runs.get_run(db, run_id=run_id)
     return checkpoints.list_checkpoints(run, launcher=launcher, best_metric=best_metric)
@@ -100,7 +101,7 @@ def removed_checkpoints(run_id: int, db: SessionDep, launcher: LauncherDep) -> l
 # After /removed: otherwise {name} would take "removed".
 @router.get("/{run_id}/checkpoints/{name}", response_model=CheckpointOut, summary="One checkpoint's metadata")
 def get_checkpoint(
-    run_id: int, name: str, db: SessionDep, launcher: LauncherDep, best_metric: Literal["loss", "epoch_loss"] = "loss"
+    run_id: int, name: str, db: SessionDep, launcher: LauncherDep, best_metric: BestMetric = "loss"
 ) -> CheckpointOut:
     run = runs.get_run(db, run_id=run_id)
     return checkpoints.get_checkpoint(run, name=name, launcher=launcher, best_metric=best_metric)

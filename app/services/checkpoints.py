@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
@@ -24,7 +23,6 @@ from app.services import storage
 from app.store import runs as run_store
 from trainer import wire
 
-CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")
 INSPECT_TIMEOUT_S = 60.0
 INSPECT_MAX_RSS = 2 << 30  # bytes; the probe memory-maps tensors, so even a large file needs little
 
@@ -41,10 +39,10 @@ def list_checkpoints(run: Run, *, launcher: LocalLauncher, best_metric: str = "l
     found = []
     with os.scandir(folder) as entries:
         for entry in entries:
-            name = CHECKPOINT_NAME.fullmatch(entry.name)
+            step = wire.checkpoint_step(entry.name) if entry.name.endswith(".pt") else None
             # Temporary files of a write in progress, and links, are not checkpoints.
-            if name and entry.is_file(follow_symlinks=False):
-                found.append(_describe(entry, int(name.group(1)), f"{prefix}/{entry.name}"))
+            if step is not None and entry.is_file(follow_symlinks=False):
+                found.append(_describe(entry, step, f"{prefix}/{entry.name}"))
     found.sort(key=lambda c: c["step"])
     scored = [c for c in found if isinstance(c["metrics"].get(best_metric), float)]
     best = min(scored, key=lambda c: c["metrics"][best_metric], default=None)
@@ -92,10 +90,20 @@ def projected_size(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> 
     if spec.init_from:
         return (launcher.settings.shared / spec.init_from).stat().st_size, kept, "the checkpoint it starts from"
     for run in run_store.recent_runs(db, workload=spec.workload, limit=20):
-        sizes = [c.size for c in list_checkpoints(run, launcher=launcher)]
-        if sizes:
-            return sizes[-1], kept, f"run {run.id}'s newest checkpoint"
+        size = _newest_size(launcher.checkpoint_dir(run))
+        if size is not None:
+            return size, kept, f"run {run.id}'s newest checkpoint"
     return None
+
+
+def _newest_size(folder: Path) -> int | None:
+    """Bytes of the folder's highest-step checkpoint, found by name alone (no metadata read)."""
+    if not folder.is_dir():
+        return None
+    with os.scandir(folder) as entries:
+        named = [(wire.checkpoint_step(e.name), e) for e in entries if e.name.endswith(".pt")]
+    checkpoints = [(step, e) for step, e in named if step is not None]
+    return max(checkpoints, key=lambda c: c[0])[1].stat(follow_symlinks=False).st_size if checkpoints else None
 
 
 def check_disk_room(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> None:
