@@ -99,6 +99,25 @@ class Run(Base):
     best_metric: Mapped[str] = mapped_column(String(50), default="loss")
     init_from: Mapped[str | None] = mapped_column(String(1000))  # a checkpoint, relative to the shared folder
     init_optimizer: Mapped[bool] = mapped_column(default=False)
+    optimizer: Mapped[str] = mapped_column(String(16), default="adamw")
+    lr_schedule: Mapped[str] = mapped_column(String(16), default="constant")
+    warmup_steps: Mapped[int] = mapped_column(Integer, default=0)
+    weight_decay: Mapped[float] = mapped_column(Float, default=0.0)
+    grad_clip: Mapped[float] = mapped_column(Float, default=0.0)
+    grad_accum: Mapped[int] = mapped_column(Integer, default=1)
+    precision: Mapped[str] = mapped_column(String(8), default="off")
+    sync_batchnorm: Mapped[bool] = mapped_column(default=False)
+    find_unused_parameters: Mapped[bool] = mapped_column(default=False)
+    bucket_cap_mb: Mapped[int] = mapped_column(Integer, default=25)
+    gradient_as_bucket_view: Mapped[bool] = mapped_column(default=False)
+    val_every: Mapped[int] = mapped_column(Integer, default=0)
+    checkpoint_unit: Mapped[str] = mapped_column(String(8), default="epoch")
+    max_restarts: Mapped[int] = mapped_column(Integer, default=0)
+    pg_timeout_s: Mapped[int] = mapped_column(Integer, default=60)
+    nccl_env: Mapped[dict[str, str] | None] = mapped_column(JSON)
+    # A run of the user's own script: a path relative to an allowed root, and its arguments; workload is "script".
+    script: Mapped[str | None] = mapped_column(String(1000))
+    script_args: Mapped[list[str] | None] = mapped_column(JSON)
 
     # The trainer proves who it is with a token made for each launch; only its hash is kept.
     token_hash: Mapped[str | None] = mapped_column(String(64))
@@ -120,6 +139,9 @@ class Run(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     trainer_finished: Mapped[bool] = mapped_column(default=False)
     final_loss: Mapped[float | None] = mapped_column(Float)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)  # torchrun restarts of the workers seen so far
+    # The GPUs the run's nodes reported: [{"host", "index", "uuid", "name"}, ...].
+    gpus: Mapped[list[dict[str, object]] | None] = mapped_column(JSON)
 
     events: Mapped[list[RunEvent]] = relationship(
         back_populates="run", order_by="RunEvent.id", cascade="all, delete-orphan", passive_deletes=True
@@ -171,3 +193,15 @@ class MetricPoint(Base):
     rank: Mapped[int] = mapped_column(Integer, default=0)
     value: Mapped[float | None] = mapped_column(Float)
     time: Mapped[float] = mapped_column(Float)
+
+
+class RunRank(Base):
+    """One rank's own heartbeat: the step it last reported, from which host, and when."""
+
+    __tablename__ = "run_ranks"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    host: Mapped[str] = mapped_column(String(255))
+    step: Mapped[int] = mapped_column(Integer)
+    heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime)
