@@ -198,31 +198,53 @@ def init_from(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | N
     try:
         model.load_state_dict(snapshot["model"])  # strict: every key, every shape
     except (RuntimeError, TypeError, AttributeError) as error:
-        raise CheckpointError(f"init_from {path}: its model does not fit this workload's: {_one_line(error)}") from None
+        raise CheckpointError(f"init_from {path}: its model does not fit this workload's: {one_line(error)}") from None
     if optimizer is not None:
         _load_optimizer(path, snapshot, optimizer)
     step = snapshot.get("step")
     return step if isinstance(step, int) else 0
 
 
-def _read_snapshot(path: Path, device: torch.device) -> dict[str, Any]:
+def newest(directory: Path) -> Path | None:
+    """The checkpoint of the highest step in a folder, if it has any."""
+    found = [(step, path) for path in directory.glob(wire.CHECKPOINT_GLOB) if (step := wire.checkpoint_step(path.name))]
+    return max(found)[1] if found else None
+
+
+def written_by_run(directory: Path) -> list[wire.CheckpointSidecar]:
+    """The sidecars in a run's folder, oldest first: what a resumed run's retention goes on from."""
+    sidecars = []
+    for path in directory.glob(wire.CHECKPOINT_SIDECAR_GLOB):
+        try:
+            sidecars.append(wire.CheckpointSidecar.from_json(json.loads(path.read_bytes())))
+        except (OSError, ValueError):
+            continue  # a damaged sidecar: its checkpoint stays, listed without metrics, and is never deleted
+    return sorted(sidecars, key=lambda sidecar: sidecar.step)
+
+
+def load_snapshot(path: Path, device: torch.device, *, what: str) -> dict[str, Any]:
+    """A checkpoint's contents, loaded safely onto this rank's device; `what` starts the error messages."""
+    return _read_snapshot(path, device, what)
+
+
+def _read_snapshot(path: Path, device: torch.device, what: str = "init_from") -> dict[str, Any]:
     try:
         with open(path, "rb") as file:
             magic = file.read(len(_ZIP_MAGIC))
     except FileNotFoundError:
-        raise CheckpointError(f"init_from {path}: no such file") from None
+        raise CheckpointError(f"{what} {path}: no such file") from None
     except OSError as error:
-        raise CheckpointError(f"init_from {path}: cannot be read: {describe(error)}") from None
+        raise CheckpointError(f"{what} {path}: cannot be read: {describe(error)}") from None
     if magic != _ZIP_MAGIC:
-        raise CheckpointError(f"init_from {path}: not a Rankboard checkpoint (not a file torch.save writes)")
+        raise CheckpointError(f"{what} {path}: not a Rankboard checkpoint (not a file torch.save writes)")
     try:
         # weights_only: a checkpoint is data; unpickling arbitrary objects from shared storage would run code.
         snapshot = torch.load(path, map_location=device, weights_only=True)
     except Exception as error:  # a damaged or foreign archive fails in many ways, KeyError and EOFError included
-        raise CheckpointError(f"init_from {path}: not a Rankboard checkpoint ({_one_line(error)})") from None
+        raise CheckpointError(f"{what} {path}: not a Rankboard checkpoint ({one_line(error)})") from None
     if not isinstance(snapshot, dict) or "model" not in snapshot:
-        what = "no 'model' key" if isinstance(snapshot, dict) else f"a {type(snapshot).__name__}, not a dict"
-        raise CheckpointError(f"init_from {path}: not a Rankboard checkpoint ({what})")
+        found = "no 'model' key" if isinstance(snapshot, dict) else f"a {type(snapshot).__name__}, not a dict"
+        raise CheckpointError(f"{what} {path}: not a Rankboard checkpoint ({found})")
     return snapshot
 
 
@@ -234,11 +256,11 @@ def _load_optimizer(path: Path, snapshot: Mapping[str, Any], optimizer: torch.op
     try:
         optimizer.load_state_dict(snapshot["optimizer"])
     except (ValueError, KeyError, TypeError, RuntimeError) as error:
-        raise CheckpointError(f"init_from {path}: its optimizer state does not fit: {_one_line(error)}") from None
+        raise CheckpointError(f"init_from {path}: its optimizer state does not fit: {one_line(error)}") from None
     for group, own in zip(optimizer.param_groups, settings, strict=True):
         group.update(own)
 
 
-def _one_line(error: BaseException, limit: int = 300) -> str:
+def one_line(error: BaseException, limit: int = 300) -> str:
     text = " ".join(f"{type(error).__name__}: {error}".split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

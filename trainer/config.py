@@ -27,9 +27,39 @@ class TrainConfig:
     workload: str = field(default="mlp", metadata={"help": f"what to train, one of {sorted(WORKLOADS)}"})
     epochs: int = field(default=10, metadata={"help": "passes over the training set, 1..100000"})
     batch_size: int = field(default=64, metadata={"help": "samples per step on each rank, 1..65536"})
-    lr: float = field(default=1e-3, metadata={"help": "AdamW learning rate, > 0 and <= 10"})
-    checkpoint_every: int = field(default=1, metadata={"help": "write a checkpoint every this many epochs, 1..100000"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate (after warm-up), > 0 and <= 10"})
+    optimizer: str = field(default="adamw", metadata={"help": f"one of {list(wire.OPTIMIZERS)}; sgd uses momentum 0.9"})
+    lr_schedule: str = field(
+        default="constant", metadata={"help": f"after warm-up, one of {list(wire.LR_SCHEDULES)} (cosine decays to 0)"}
+    )
+    warmup_steps: int = field(default=0, metadata={"help": "steps of linear warm-up from 0 to lr, >= 0"})
+    weight_decay: float = field(default=0.0, metadata={"help": "the optimizer's weight decay, 0..1"})
+    grad_clip: float = field(default=0.0, metadata={"help": "clip the gradient norm to this, >= 0 (0: no clipping)"})
+    grad_accum: int = field(
+        default=1, metadata={"help": "micro-batches per optimizer step, 1..1024; only the last one all-reduces"}
+    )
+    precision: str = field(
+        default="off", metadata={"help": f"mixed precision, one of {list(wire.PRECISIONS)}; fp16 needs CUDA"}
+    )
+    sync_batchnorm: bool = field(
+        default=False, metadata={"help": "BatchNorm statistics over all ranks (SyncBatchNorm); needs CUDA"}
+    )
+    find_unused_parameters: bool = field(
+        default=False, metadata={"help": "DDP: allow parameters the forward pass skips (costs time on every step)"}
+    )
+    bucket_cap_mb: int = field(default=25, metadata={"help": "DDP: gradient bucket size in MiB, 1..1024"})
+    gradient_as_bucket_view: bool = field(
+        default=False, metadata={"help": "DDP: gradients are views into the buckets, saving a copy's memory"}
+    )
+    val_every: int = field(default=0, metadata={"help": "validate every this many steps, >= 0 (0: never)"})
+    checkpoint_every: int = field(default=1, metadata={"help": "write a checkpoint every this many units, 1..100000"})
+    checkpoint_unit: str = field(
+        default="epoch", metadata={"help": f"what checkpoint-every counts, one of {list(wire.CHECKPOINT_UNITS)}"}
+    )
     seed: int = field(default=0, metadata={"help": "seeds the initial weights and the sample order, >= 0"})
+    pg_timeout_s: int = field(
+        default=60, metadata={"help": "seconds a collective may wait for a dead or hung rank, 5..86400"}
+    )
     checkpoint_dir: str = field(
         default_factory=_checkpoint_dir_from_env,
         metadata={"help": f"folder for step-*.pt files; default ${wire.ENV_CHECKPOINT_DIR}, else ./checkpoints"},
@@ -54,6 +84,10 @@ class TrainConfig:
         default=False,
         metadata={"help": "with init-from, also take its optimizer state (AdamW moments), not only its weights"},
     )
+    resume: bool = field(
+        default=True,
+        metadata={"help": "continue exactly from the newest step-*.pt in checkpoint-dir, if there is one"},
+    )
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -62,8 +96,22 @@ class TrainConfig:
         _check_int("batch_size", self.batch_size, 1, 65_536)
         if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or not 0 < self.lr <= 10:
             raise ValueError(f"lr must be > 0 and <= 10, got {self.lr!r}")
+        _check_choice("optimizer", self.optimizer, wire.OPTIMIZERS)
+        _check_choice("lr_schedule", self.lr_schedule, wire.LR_SCHEDULES)
+        _check_int("warmup_steps", self.warmup_steps, 0, math.inf)
+        _check_float("weight_decay", self.weight_decay, 0, 1)
+        _check_float("grad_clip", self.grad_clip, 0, math.inf)
+        _check_int("grad_accum", self.grad_accum, 1, 1024)
+        _check_choice("precision", self.precision, wire.PRECISIONS)
+        _check_int("bucket_cap_mb", self.bucket_cap_mb, 1, 1024)
+        _check_int("val_every", self.val_every, 0, math.inf)
         _check_int("checkpoint_every", self.checkpoint_every, 1, 100_000)
+        _check_choice("checkpoint_unit", self.checkpoint_unit, wire.CHECKPOINT_UNITS)
         _check_int("seed", self.seed, 0, math.inf)
+        _check_int("pg_timeout_s", self.pg_timeout_s, 5, 86_400)
+        for flag in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "resume"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir:
             raise ValueError(f"checkpoint_dir must be a non-empty path, got {self.checkpoint_dir!r}")
         _check_int("keep_last", self.keep_last, 0, math.inf)
@@ -115,6 +163,11 @@ class TrainConfig:
             for arg in (f"--{f.name.replace('_', '-')}", _argv_value(getattr(self, f.name)))
         ]
 
+    def needs_cuda(self) -> list[str]:
+        """Why the options set here cannot run without CUDA, one line each (none: they can)."""
+        options = wire.cuda_only(precision=self.precision, sync_batchnorm=self.sync_batchnorm)
+        return [f"{option}: {reason}" for option, reason in options.items()]
+
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain values, fit for a checkpoint that loads with `weights_only=True`."""
         return dataclasses.asdict(self)
@@ -129,6 +182,17 @@ def _parse_bool(text: str) -> bool:
 
 def _argv_value(value: object) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+def _check_choice(name: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+def _check_float(name: str, value: object, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        upper = "" if high == math.inf else f" and <= {high}"
+        raise ValueError(f"{name} must be a number >= {low}{upper}, got {value!r}")
 
 
 def _check_int(name: str, value: object, low: float, high: float) -> None:

@@ -3,6 +3,7 @@
     from trainer import report
     report.log({"loss": loss.item()}, step=step)
     report.progress(wire.Progress(epoch=1, epochs=10, step=step, total_steps=5120))
+    report.heartbeat(step)  # on every rank: "alive at this step", sent every couple of seconds
     report.close()  # also runs at exit
 
 The reporter is made from the launcher's environment on the first call; outside a dashboard run (no
@@ -36,8 +37,9 @@ _REQUEST_TIMEOUT_S = 5.0
 _RETRY_FIRST_S = 1.0
 _RETRY_MAX_S = 5.0
 
-# What log() queues: (key, step, value, unix time). A tuple, because log() must cost well under 5 microseconds.
-_Raw = tuple[str, int, float, float]
+# What log() queues: (key, step, value, unix time, rank or None for the reporter's own). A tuple, because log() must
+# cost well under 5 microseconds.
+_Raw = tuple[str, int, float, float, int | None]
 
 
 class Outcome(enum.Enum):
@@ -184,6 +186,13 @@ class Reporter:
         self._points: deque[_Raw] = deque()
         self._progress: wire.Progress | None = None
         self._delivered_progress: wire.Progress | None = None  # the last progress sent or spooled
+        # The node's inventory (from trainer.gpu) and this rank's heartbeat ride on a later batch, each once.
+        self._host = socket.gethostname()[: wire.MAX_HOST_LENGTH]
+        self._node: wire.Node | None = None
+        self._delivered_node: wire.Node | None = None
+        self._beat_step: int | None = None
+        self._delivered_beat_step: int | None = None
+        self._beat_sent_at = -math.inf
         self._warned: set[str] = set()
         self._connection = IngestConnection(url, run_id, token)
         self._spool = Spool(Path(spool_dir) / f"spool-{socket.gethostname()}-rank{rank}.jsonl", self._warn)
@@ -217,15 +226,16 @@ class Reporter:
         """Where batches wait while the server cannot be reached."""
         return self._spool.path
 
-    def log(self, metrics: Mapping[str, float], *, step: int) -> None:
-        """Queue one point per metric at this step; returns at once."""
+    def log(self, metrics: Mapping[str, float], *, step: int, rank: int | None = None) -> None:
+        """Queue one point per metric at this step; returns at once. `rank` reports for another rank (rank 0
+        relaying what it gathered from all of them); by default the point is this process's rank's."""
         if self._closed:
             self._warn("closed", "log() after close() is ignored")
             return
         now = time.time()
         for key, value in metrics.items():
             try:
-                self._points.append((key, step, float(value), now))
+                self._points.append((key, step, float(value), now, rank))
             except Exception:
                 self._warn(f"value {key}", f"metric {key!r}: {value!r} is not a number; skipped")
         if len(self._points) >= self._max_batch and not self._wake.is_set():
@@ -234,6 +244,15 @@ class Reporter:
     def progress(self, progress: wire.Progress) -> None:
         """Set the progress that the next batch, or heartbeat, carries."""
         self._progress = progress
+
+    def node(self, node: wire.Node) -> None:
+        """Set this node's GPU inventory; the next batch carries it if it differs from the last one sent."""
+        self._node = node
+
+    def heartbeat(self, step: int) -> None:
+        """Say this rank reached `step`; returns at once. Sent at most every `heartbeat_interval` seconds, and only
+        when the step moved, so that the server's time of a rank's last heartbeat goes stale when the rank hangs."""
+        self._beat_step = step
 
     def close(self, timeout: float = 10.0) -> None:
         """Send or spool everything queued, then stop the thread; waits at most about `timeout` seconds."""
@@ -278,7 +297,8 @@ class Reporter:
         """Send or spool every queued point, and the last progress; runs once, when closing."""
         if self._spool.pending:
             self._replay_spool()
-        final_progress_due = self._progress is not self._delivered_progress
+        self._beat_sent_at = -math.inf  # the last heartbeat goes now, however recent the one before
+        final_progress_due = self._progress is not self._delivered_progress or any(self._due_extras())
         while (self._points or final_progress_due) and not self._run_over:
             self._deliver(self._take_batch(), keep_empty=True)
             final_progress_due = False
@@ -290,18 +310,21 @@ class Reporter:
     def _deliver(self, points: list[_Raw], *, keep_empty: bool = False) -> None:
         """Send a batch, or spool it: always while older batches wait in the spool, so that order is kept."""
         progress = self._progress
-        body = self._encode(points, progress)
+        node, beat = self._due_extras()
+        body = self._encode(points, progress, node=node, heartbeat=beat)
         if not self._spool.pending:
             outcome = self._post(body)
             if outcome is not Outcome.RETRY:
                 self._delivered_progress = progress
+                self._delivered_extras(node, beat)
                 return
             self._retry_at = time.monotonic() + self._retry_delay
         if not points and not keep_empty:
-            return  # a failed heartbeat carries nothing worth keeping
+            return  # a failed heartbeat carries nothing worth keeping; the node waits for the next batch
         try:
             self._spool.append(body)
             self._delivered_progress = progress
+            self._delivered_extras(node, beat)
         except OSError as error:
             self._warn("spool write", f"cannot write the spool {self._spool.path} ({error}); points are lost")
 
@@ -337,14 +360,37 @@ class Reporter:
             self._run_over = True
             self._warn("run over", f"the server says the run is over ({detail}); no more metrics will be sent")
 
-    def _encode(self, raw: Iterable[_Raw], progress: wire.Progress | None) -> bytes:
+    def _due_extras(self) -> tuple[wire.Node | None, wire.Heartbeat | None]:
+        """The node inventory and heartbeat the next batch should carry: each only when new."""
+        node = self._node if self._node != self._delivered_node else None
+        step = self._beat_step
+        if step is None or step == self._delivered_beat_step:
+            return node, None
+        if time.monotonic() - self._beat_sent_at < self._heartbeat_interval:
+            return node, None
+        return node, wire.Heartbeat(self._rank, self._host, step)
+
+    def _delivered_extras(self, node: wire.Node | None, beat: wire.Heartbeat | None) -> None:
+        if node is not None:
+            self._delivered_node = node
+        if beat is not None:
+            self._delivered_beat_step, self._beat_sent_at = beat.step, time.monotonic()
+
+    def _encode(
+        self,
+        raw: Iterable[_Raw],
+        progress: wire.Progress | None,
+        *,
+        node: wire.Node | None = None,
+        heartbeat: wire.Heartbeat | None = None,
+    ) -> bytes:
         points = tuple(point for point in map(self._to_point, raw) if point is not None)
-        batch = wire.Batch(points=points, progress=progress)
+        batch = wire.Batch(points=points, progress=progress, node=node, heartbeat=heartbeat)
         return json.dumps(batch.to_json(), separators=(",", ":"), allow_nan=False).encode()
 
     def _to_point(self, raw: _Raw) -> wire.Point | None:
         # Checked here rather than in log(): one bad key would otherwise get the whole batch refused with a 422.
-        key, step, value, unix_time = raw
+        key, step, value, unix_time, rank = raw
         if not isinstance(key, str) or not 0 < len(key) <= wire.MAX_KEY_LENGTH:
             self._warn(
                 f"key {key!r}"[:100],
@@ -352,7 +398,7 @@ class Reporter:
             )
             return None
         try:
-            return wire.Point(key, operator.index(step), value, self._rank, unix_time)
+            return wire.Point(key, operator.index(step), value, self._rank if rank is None else rank, unix_time)
         except TypeError:
             self._warn(f"step {key}", f"metric {key!r}: step {step!r} is not an integer; skipped")
             return None
@@ -387,11 +433,12 @@ def _reporter() -> Reporter | None:
     return _default
 
 
-def log(metrics: Mapping[str, float], *, step: int) -> None:
-    """Queue one point per metric at this step, for this process's rank; a no-op outside a dashboard run."""
+def log(metrics: Mapping[str, float], *, step: int, rank: int | None = None) -> None:
+    """Queue one point per metric at this step, for this process's rank (or `rank`); a no-op outside a dashboard
+    run."""
     reporter = _default if _default_made else _reporter()
     if reporter is not None:
-        reporter.log(metrics, step=step)
+        reporter.log(metrics, step=step, rank=rank)
 
 
 def progress(progress: wire.Progress) -> None:
@@ -399,6 +446,25 @@ def progress(progress: wire.Progress) -> None:
     reporter = _default if _default_made else _reporter()
     if reporter is not None:
         reporter.progress(progress)
+
+
+def heartbeat(step: int) -> None:
+    """Say this rank reached `step`; every rank calls it, each step if it likes (it costs a field assignment)."""
+    reporter = _default if _default_made else _reporter()
+    if reporter is not None:
+        reporter.heartbeat(step)
+
+
+def node(node: wire.Node) -> None:
+    """Set this node's GPU inventory, which the next batch carries; `trainer.gpu`'s sampler calls it."""
+    reporter = _default if _default_made else _reporter()
+    if reporter is not None:
+        reporter.node(node)
+
+
+def default_reporter() -> Reporter | None:
+    """This process's reporter, made from the launcher's environment; None outside a dashboard run."""
+    return _default if _default_made else _reporter()
 
 
 def close(timeout: float = 10.0) -> None:

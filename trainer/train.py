@@ -8,32 +8,34 @@ checkpoint that cannot be written, or an `init_from` that cannot be loaded, fail
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import math
 import os
+import random
 import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainer import checkpoints, report, wire
-from trainer.checkpoints import CheckpointError, write_atomically
+from trainer import checkpoints, gpu, report, wire
+from trainer.checkpoints import CheckpointError, one_line, write_atomically
 from trainer.config import TrainConfig
-from trainer.workloads import WORKLOADS, Workload
-
-# A dead or hung peer then fails the run within a minute, instead of after the default 10 or 30 minutes.
-PROCESS_GROUP_TIMEOUT = timedelta(seconds=60)
+from trainer.workloads import WORKLOADS
 
 
 @dataclass(frozen=True)
@@ -98,61 +100,166 @@ class Throughput:
         return (samples_so_far - samples_then) / (now - start) if now > start else 0.0
 
 
+class ResumableSampler(DistributedSampler[int]):
+    """DistributedSampler that can start an epoch part-way: a resumed run skips the batches it already took."""
+
+    def __init__(self, dataset: Dataset[Any], cluster: Cluster, seed: int) -> None:
+        super().__init__(dataset, cluster.world_size, cluster.rank, shuffle=True, seed=seed, drop_last=True)
+        self.skip = 0  # samples of this rank's shard to leave out at the start of the current epoch
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(super().__iter__(), self.skip, None)
+
+    def __len__(self) -> int:
+        return self.num_samples - self.skip
+
+
+class RankTimes:
+    """This rank's time per step, split into waiting for data and computing, averaged since the last report."""
+
+    def __init__(self) -> None:
+        self.data_s = self.compute_s = 0.0
+        self.steps = 0
+
+    def add(self, data_s: float, compute_s: float) -> None:
+        self.data_s, self.compute_s, self.steps = self.data_s + data_s, self.compute_s + compute_s, self.steps + 1
+
+    def take_ms(self) -> list[float]:
+        """[step, data, compute] milliseconds per step, and start counting afresh."""
+        steps = max(self.steps, 1)
+        data, compute = 1000 * self.data_s / steps, 1000 * self.compute_s / steps
+        self.__init__()  # type: ignore[misc]
+        return [data + compute, data, compute]
+
+
+# How often each rank's step times are gathered to rank 0: a collective, so not on every step.
+RANK_TIMES_EVERY = 20
+RANK_TIME_KEYS = ("rank/step_ms", "rank/data_ms", "rank/compute_ms")
+
+
 class Trainer:
-    """Runs one training over the process group; the same code on every rank."""
+    """Runs one training over the process group; the same code on every rank.
+
+    Position: `step` counts optimizer steps across epochs; `epoch` is the epoch in progress and `epoch_step` the
+    optimizer steps already taken in it. A snapshot holds these with the model, optimizer, scheduler, scaler and every
+    rank's RNG states, so a run restarted from it takes exactly the steps the uninterrupted run would have taken.
+    """
 
     def __init__(
         self, config: TrainConfig, cluster: Cluster, device: torch.device, stop: StopSignal, run_dir: Path | None = None
     ) -> None:
         self.config, self.cluster, self.device, self.stop, self.run_dir = config, cluster, device, stop, run_dir
-        workload = WORKLOADS[config.workload]
-        self.sampler, self.loader = self._build_data(workload)
-        self.model, self.optimizer = self._build_model(workload)
-        self.loss_fn = workload.loss
-        self.steps_per_epoch = len(self.loader)
+        self.workload = WORKLOADS[config.workload]
+        train_set, val_set = self.workload.build_data()  # the same on every rank; samplers give each its shard
+        self.sampler = ResumableSampler(train_set, cluster, config.seed)
+        self.loader = self._loader(train_set, self.sampler)
+        self.val_loader = self._loader(
+            val_set, DistributedSampler(val_set, cluster.world_size, cluster.rank, shuffle=False, drop_last=True)
+        )
+        self.steps_per_epoch = len(self.sampler) // (config.batch_size * config.grad_accum)
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"batch_size {config.batch_size} x grad_accum {config.grad_accum} is more than the "
+                f"{len(self.sampler)} samples each of the {cluster.world_size} ranks gets"
+            )
         self.total_steps = self.steps_per_epoch * config.epochs
-        self.step = 0  # optimizer steps taken, counted across epochs; the step of every metric and checkpoint
-        self.loss = math.nan  # the last step's loss, averaged over ranks
+        self.step, self.epoch, self.epoch_step = 0, 1, 0
+        self.loss = self.grad_norm = math.nan  # the last step's, averaged over ranks
         self.epoch_losses: list[float] = []  # every step's loss so far in this epoch, each averaged over ranks
         self.throughput = Throughput()
+        self.times = RankTimes()
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
         policy = checkpoints.Policy(config.keep_last, config.keep_best, config.best_metric)
         self.retention = checkpoints.Retention(Path(config.checkpoint_dir), policy, cluster.say)
+        self.model, self.optimizer, self.scheduler = self._build_model()
 
-    def _build_data(self, workload: Workload) -> tuple[DistributedSampler[int], DataLoader[tuple[Tensor, ...]]]:
-        dataset = workload.build_dataset()  # the same on every rank; the sampler gives each rank its own shard
-        sampler: DistributedSampler[int] = DistributedSampler(
-            dataset,
-            num_replicas=self.cluster.world_size,
-            rank=self.cluster.rank,
-            shuffle=True,
-            seed=self.config.seed,
-            drop_last=True,
-        )
+    def _loader(self, dataset: Dataset[Any], sampler: DistributedSampler[int]) -> DataLoader[tuple[Tensor, ...]]:
         # In-memory tensors: worker processes would only add start-up time and copies.
-        loader = DataLoader(
-            dataset,
-            batch_size=self.config.batch_size,
-            sampler=sampler,
-            shuffle=False,
-            drop_last=True,
+        return DataLoader(
+            dataset, batch_size=self.config.batch_size, sampler=sampler, shuffle=False, drop_last=True,
             pin_memory=self.device.type == "cuda",
-        )
-        if len(loader) == 0:
-            raise ValueError(
-                f"batch_size {self.config.batch_size} is more than the {len(sampler)} samples each "
-                f"of the {self.cluster.world_size} ranks gets"
-            )
-        return sampler, loader
+        )  # fmt: skip
 
-    def _build_model(self, workload: Workload) -> tuple[DistributedDataParallel, torch.optim.Optimizer]:
-        torch.manual_seed(self.config.seed)  # identical initial weights on every rank, or the replicas diverge
-        model = workload.build_model().to(self.device)  # on the device before wrapping, as DDP requires
-        # Over the bare model's parameters, which DDP goes on using, so that init_from can fill both before wrapping.
-        optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr)
-        if self.config.init_from:
+    def _build_model(self) -> tuple[DistributedDataParallel, torch.optim.Optimizer, LambdaLR]:
+        model = build_model(self.config, self.device)
+        # Over the bare model's parameters, which DDP goes on using, so that a snapshot can fill both before wrapping.
+        optimizer = self._optimizer(model)
+        scheduler = LambdaLR(optimizer, self._lr_factor)
+        snapshot = self._newest_snapshot() if self.config.resume else None
+        if snapshot is not None:
+            self._restore(snapshot, model, optimizer, scheduler)
+        elif self.config.init_from:
             self._init_from(model, optimizer)
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids), optimizer
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            find_unused_parameters=self.config.find_unused_parameters,
+            bucket_cap_mb=self.config.bucket_cap_mb,
+            gradient_as_bucket_view=self.config.gradient_as_bucket_view,
+        )
+        return ddp, optimizer, scheduler
+
+    def _optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        lr, decay = self.config.lr, self.config.weight_decay
+        if self.config.optimizer == "sgd":
+            return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=decay)
+        kind = torch.optim.Adam if self.config.optimizer == "adam" else torch.optim.AdamW
+        return kind(model.parameters(), lr=lr, weight_decay=decay)
+
+    def _lr_factor(self, step: int) -> float:
+        """The learning rate at a step, as a fraction of lr: linear warm-up, then constant or a cosine to 0."""
+        warmup = self.config.warmup_steps
+        if step < warmup:
+            return (step + 1) / warmup
+        if self.config.lr_schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, self.total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    def _newest_snapshot(self) -> Path | None:
+        """The newest checkpoint in the run's folder; every rank must see the same one (shared storage)."""
+        newest = checkpoints.newest(Path(self.config.checkpoint_dir))
+        step = wire.checkpoint_step(newest.name) if newest else -1
+        seen = torch.tensor([float(step or 0), -float(step or 0)], device=self.device)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        if seen[0].item() != -seen[1].item():
+            raise CheckpointError(
+                f"the ranks see different newest checkpoints in {self.config.checkpoint_dir} (this one: "
+                f"{newest.name if newest else 'none'}): is the folder on storage that every node shares?"
+            )
+        return newest
+
+    def _restore(
+        self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LambdaLR
+    ) -> None:
+        """Continue from a snapshot of this run: every rank loads it before DDP wraps the model."""
+        error: CheckpointError | None = None
+        try:
+            snapshot = checkpoints.load_snapshot(path, self.device, what="resume from")
+            model.load_state_dict(snapshot["model"])
+            optimizer.load_state_dict(snapshot["optimizer"])
+            scheduler.load_state_dict(snapshot["scheduler"])
+            self.scaler.load_state_dict(snapshot["scaler"])
+            self.step, self.epoch, self.epoch_step = snapshot["step"], snapshot["epoch"], snapshot["epoch_step"]
+            self.epoch_losses = list(snapshot["epoch_losses"])
+            self.loss = snapshot["metrics"]["loss"]
+            self.retention.written = checkpoints.written_by_run(Path(self.config.checkpoint_dir))
+            if snapshot["world_size"] != self.cluster.world_size:
+                raise CheckpointError(
+                    f"resume from {path}: written by {snapshot['world_size']} ranks, and this run has "
+                    f"{self.cluster.world_size}; start a new run from it (init_from) instead"
+                )
+            _set_rng_state(snapshot["rng"][self.cluster.rank])
+        except CheckpointError as caught:
+            error = caught
+        except (KeyError, TypeError, ValueError, RuntimeError) as caught:
+            error = CheckpointError(f"resume from {path}: not a snapshot this trainer wrote ({one_line(caught)})")
+        if self._on_any_rank(error is not None):
+            raise error or CheckpointError(f"resume from {path}: another rank could not load it; see its output")
+        if self.epoch_step == self.steps_per_epoch:  # saved at the end of an epoch: the next one begins
+            self.epoch, self.epoch_step, self.epoch_losses = self.epoch + 1, 0, []
+        self.cluster.say(f"resumed from {path} at step {self.step} (epoch {self.epoch}, step {self.epoch_step} in it)")
 
     def _init_from(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Every rank loads the same checkpoint before DDP wraps the model, so that all start from its weights."""
@@ -171,40 +278,57 @@ class Trainer:
             self.cluster.say(f"starting from the {what} of {path} (its step {step})")
 
     def train(self) -> None:
-        """Run every epoch, or until a stop signal; checkpoint and report along the way."""
+        """Run every epoch, or until a stop signal; validate, checkpoint and report along the way."""
+        config = self.config
         self.cluster.say(
-            f"training {self.config.workload}: {self.config.epochs} epochs of {self.steps_per_epoch} "
-            f"steps, batch {self.config.batch_size} per rank, on {self.device}"
+            f"training {config.workload}: {config.epochs} epochs of {self.steps_per_epoch} steps, batch "
+            f"{config.batch_size} x {config.grad_accum} per rank, {config.optimizer}, precision {config.precision}, "
+            f"on {self.device}"
         )
-        for epoch in range(1, self.config.epochs + 1):
-            stopped = self._run_epoch(epoch)
+        sampler = gpu.start_sampling()  # this node's GPUs, from its local rank 0 only
+        while self.epoch <= config.epochs:
+            stopped = self._run_epoch()
             finished = self.step == self.total_steps
-            if stopped or finished or epoch % self.config.checkpoint_every == 0:
-                self._save_checkpoint(epoch, reason="final" if finished else "stop" if stopped else "epoch")
+            by_epoch = config.checkpoint_unit == "epoch" and self.epoch % config.checkpoint_every == 0
+            if stopped or finished or (by_epoch and self.epoch_step == self.steps_per_epoch):
+                self._save_checkpoint(reason="final" if finished else "stop" if stopped else "epoch")
             if stopped:
                 break
+            self.epoch, self.epoch_step, self.epoch_losses = self.epoch + 1, 0, []
+        if sampler is not None:
+            sampler.stop()
         if self.step == self.total_steps:
             self._finish()
         else:
             self._stop()
 
-    def _run_epoch(self, epoch: int) -> bool:
-        """One pass over this rank's shard; returns True if the ranks agreed to stop before its end."""
-        self.sampler.set_epoch(epoch)  # reshuffles; without it every epoch repeats the first one's order
-        self.epoch_losses = []
-        for inputs, targets in self.loader:
-            loss = self._run_batch(
-                inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
-            )
-            self.step += 1
-            self.loss, stop = self._agree(loss)
-            self.epoch_losses.append(self.loss)
-            self._report(epoch)
+    def _run_epoch(self) -> bool:
+        """The rest of this epoch over this rank's shard; returns True if the ranks agreed to stop before its end."""
+        self.sampler.set_epoch(self.epoch)  # reshuffles; without it every epoch repeats the first one's order
+        self.sampler.skip = self.epoch_step * self.config.batch_size * self.config.grad_accum
+        batches = iter(self.loader)
+        while self.epoch_step < self.steps_per_epoch:
+            started = time.perf_counter()
+            micro_batches = [next(batches) for _ in range(self.config.grad_accum)]
+            fetched = time.perf_counter()
+            loss, grad_norm = self._optimizer_step(micro_batches)
+            self.step, self.epoch_step = self.step + 1, self.epoch_step + 1
+            stop = self._agree(loss, grad_norm)  # waits for the step's work: the times below include it
+            self.times.add(fetched - started, time.perf_counter() - fetched)
+            report.heartbeat(self.step)  # every rank's own: the dashboard sees which one stopped moving
+            self._report()
+            if self.config.val_every and self.step % self.config.val_every == 0:
+                self._validate()
+            if self.step % RANK_TIMES_EVERY == 0:
+                self._report_rank_times()
+            by_step = self.config.checkpoint_unit == "step" and self.step % self.config.checkpoint_every == 0
+            if by_step and not stop and self.step < self.total_steps:
+                self._save_checkpoint(reason="step")
             if stop:
                 return True
         if self.cluster.is_main:
             self.cluster.say(
-                f"epoch {epoch}/{self.config.epochs}: step {self.step}/{self.total_steps}, "
+                f"epoch {self.epoch}/{self.config.epochs}: step {self.step}/{self.total_steps}, "
                 f"mean loss {self._epoch_loss():.4f}"
             )
         return False
@@ -212,37 +336,102 @@ class Trainer:
     def _epoch_loss(self) -> float:
         return sum(self.epoch_losses) / len(self.epoch_losses) if self.epoch_losses else math.nan
 
-    def _run_batch(self, inputs: Tensor, targets: Tensor) -> Tensor:
-        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            loss = self.loss_fn(self.model(inputs), targets)
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
+        enabled = self.autocast_dtype is not None
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=enabled)
+
+    def _optimizer_step(self, micro_batches: list[list[Tensor]]) -> tuple[Tensor, Tensor]:
+        """Forward and backward over the micro-batches, then one optimizer step; returns the mean loss and the
+        gradient norm before clipping. Only the last micro-batch all-reduces its gradients: the others run under
+        no_sync(), which leaves their gradients to accumulate locally."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP averages the gradients across ranks during this call
-        self.optimizer.step()
-        return loss.detach()
+        total = torch.zeros((), device=self.device)
+        for index, (inputs, targets) in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            with contextlib.nullcontext() if last else self.model.no_sync():
+                with self._autocast():
+                    outputs = self.model(inputs.to(self.device, non_blocking=True))
+                    loss = self.workload.loss(outputs, targets.to(self.device, non_blocking=True))
+                self.scaler.scale(loss / len(micro_batches)).backward()
+            total += loss.detach().float()
+        self.scaler.unscale_(self.optimizer)  # the true gradients, for the norm and the clipping
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        if self.config.grad_clip:
+            grad_norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.grad_clip)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        return total / len(micro_batches), grad_norm
 
-    def _agree(self, loss: Tensor) -> tuple[float, bool]:
-        """Average the loss over the ranks and learn whether any of them was asked to stop: one all_reduce."""
-        # Every rank must leave the loop at the same step, or the others would wait forever in the next collective.
-        # Reading the result is a device-to-host sync, paid once per step for the per-step loss the dashboard plots.
-        packed = torch.stack([loss.float(), torch.tensor(float(self.stop.requested), device=self.device)])
+    def _agree(self, loss: Tensor, grad_norm: Tensor) -> bool:
+        """Average the loss over the ranks and learn whether any of them was asked to stop: one all_reduce.
+
+        Every rank must leave the loop at the same step, or the others would wait forever in the next collective.
+        Reading the result is a device-to-host sync, paid once per step for the per-step loss the dashboard plots.
+        """
+        stop_vote = torch.tensor(float(self.stop.requested), device=self.device)
+        packed = torch.stack([loss.float(), grad_norm.float(), stop_vote])
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-        loss_sum, stop_votes = packed.tolist()
-        return loss_sum / self.cluster.world_size, stop_votes > 0
+        loss_sum, norm_sum, stop_votes = packed.tolist()
+        self.loss, self.grad_norm = loss_sum / self.cluster.world_size, norm_sum / self.cluster.world_size
+        self.epoch_losses.append(self.loss)
+        return stop_votes > 0
 
-    def _report(self, epoch: int) -> None:
+    def _report(self) -> None:
         if not self.cluster.is_main:
             return
-        report.log({"loss": self.loss, "lr": self.optimizer.param_groups[0]["lr"]}, step=self.step)
-        samples_per_s = self.throughput.update(self.step * self.config.batch_size * self.cluster.world_size)
-        report.progress(
-            wire.Progress(
-                epoch=epoch,
-                epochs=self.config.epochs,
-                step=self.step,
-                total_steps=self.total_steps,
-                samples_per_s=samples_per_s,
-            )
+        samples_per_s = self.throughput.update(
+            self.step * self.config.batch_size * self.config.grad_accum * self.cluster.world_size
         )
+        metrics = {
+            "loss": self.loss,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "grad_norm": self.grad_norm,
+            "samples_per_s": samples_per_s,
+        }
+        if self.workload.tokens_per_sample:
+            metrics["tokens_per_s"] = samples_per_s * self.workload.tokens_per_sample
+        report.log(metrics, step=self.step)
+        report.progress(self._progress(samples_per_s))
+
+    def _progress(self, samples_per_s: float = 0.0, *, finished: bool = False) -> wire.Progress:
+        return wire.Progress(
+            epoch=self.epoch, epochs=self.config.epochs, step=self.step, total_steps=self.total_steps,
+            samples_per_s=samples_per_s, finished=finished, restart=_restart_count(),
+        )  # fmt: skip
+
+    def validate(self) -> tuple[list[float], list[float]]:
+        """Loss and accuracy over this rank's shard of the validation set, and their means over all ranks."""
+        model = self.model.module  # no DDP: evaluation needs no gradient sync, nor its buffer broadcast
+        model.eval()
+        losses, accuracies = [], []
+        with torch.no_grad(), self._autocast():
+            for inputs, targets in self.val_loader:
+                outputs = model(inputs.to(self.device, non_blocking=True))
+                targets = targets.to(self.device, non_blocking=True)
+                losses.append(self.workload.loss(outputs, targets).float())
+                accuracies.append(self.workload.accuracy(outputs, targets))
+        model.train()
+        local = torch.stack([torch.stack(losses).mean(), torch.stack(accuracies).mean()])
+        mean = local.clone()
+        dist.all_reduce(mean, op=dist.ReduceOp.SUM)  # equal shards (drop_last), so the mean of means is the mean
+        return local.tolist(), (mean / self.cluster.world_size).tolist()
+
+    def _validate(self) -> None:
+        _local, (val_loss, val_accuracy) = self.validate()
+        if self.cluster.is_main:
+            report.log({"val_loss": val_loss, "val_accuracy": val_accuracy}, step=self.step)
+
+    def _report_rank_times(self) -> None:
+        """Gather every rank's step, data-wait and compute times to rank 0, which reports them under each rank."""
+        mine = torch.tensor(self.times.take_ms(), device=self.device)
+        gathered = [torch.zeros_like(mine) for _ in range(self.cluster.world_size)]
+        dist.all_gather(gathered, mine)
+        if self.cluster.is_main:
+            for rank, times in enumerate(gathered):
+                report.log(dict(zip(RANK_TIME_KEYS, times.tolist(), strict=True)), step=self.step, rank=rank)
 
     def _on_any_rank(self, flag: bool) -> bool:
         """Whether the flag is set on any rank: a collective, so every rank calls it at the same point."""
@@ -250,28 +439,38 @@ class Trainer:
         dist.all_reduce(votes, op=dist.ReduceOp.MAX)
         return votes.item() > 0
 
-    def _save_checkpoint(self, epoch: int, reason: str) -> None:
+    def _save_checkpoint(self, reason: str) -> None:
         """Rank 0 writes `step-*.pt` and its sidecar; the others wait for it, so no rank exits before the files
         are complete on disk, and if it failed every rank stops, rather than train on with no checkpoints."""
-        failure = self._write_checkpoint(epoch, reason) if self.cluster.is_main else None
+        rng_states: list[Any] = [None] * self.cluster.world_size
+        dist.all_gather_object(rng_states, _rng_state())  # each rank's own, for an exact continuation
+        failure = self._write_checkpoint(reason, rng_states) if self.cluster.is_main else None
         # Not a plain barrier: the others must learn here that rank 0 gave up, not wait for it at the next step.
         if self._on_any_rank(failure is not None):
             raise CheckpointError(failure or f"rank 0 could not write the checkpoint of step {self.step}; stopping")
 
-    def _write_checkpoint(self, epoch: int, reason: str) -> str | None:
+    def _write_checkpoint(self, reason: str, rng_states: list[Any]) -> str | None:
         """Save, then delete what retention no longer keeps; returns the line that says why not, if it failed."""
         metrics = {"loss": self.loss, "epoch_loss": self._epoch_loss()}
         snapshot = {
             "model": self.model.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "epoch": epoch,
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "epoch": self.epoch,
+            "epoch_step": self.epoch_step,
+            "epoch_losses": list(self.epoch_losses),
             "step": self.step,
+            "world_size": self.cluster.world_size,
+            "rng": rng_states,
             "metrics": metrics,
             "config": self.config.to_dict(),
         }
         directory = Path(self.config.checkpoint_dir)
         try:
-            sidecar = checkpoints.save(directory, snapshot, epoch=epoch, step=self.step, metrics=metrics, reason=reason)
+            sidecar = checkpoints.save(
+                directory, snapshot, epoch=self.epoch, step=self.step, metrics=metrics, reason=reason
+            )
         except OSError as error:
             previous = self.retention.latest
             return f"checkpoint {wire.checkpoint_name(self.step)} NOT written: {checkpoints.describe(error)}; " + (
@@ -286,15 +485,7 @@ class Trainer:
         self.cluster.say(f"finished after {self.step} steps, final loss {self.loss:.4f}")
         if not self.cluster.is_main:
             return
-        report.progress(
-            wire.Progress(
-                epoch=self.config.epochs,
-                epochs=self.config.epochs,
-                step=self.step,
-                total_steps=self.total_steps,
-                finished=True,
-            )
-        )
+        report.progress(self._progress(finished=True))
         report.close()
         if self.run_dir is not None:
             marker = {"steps": self.step, "final_loss": wire.encode_value(self.loss), "finished_at": time.time()}
@@ -307,15 +498,44 @@ class Trainer:
             report.close()
 
 
-def init_distributed(cluster: Cluster) -> torch.device:
-    """Join the process group that torchrun set up; returns this rank's device."""
+def build_model(config: TrainConfig, device: torch.device) -> torch.nn.Module:
+    """The workload's model as DDP will wrap it: seeded alike on every rank, SyncBatchNorm if asked, on the device."""
+    torch.manual_seed(config.seed)  # identical initial weights on every rank, or the replicas diverge
+    model = WORKLOADS[config.workload].build_model()
+    if config.sync_batchnorm:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # before .to() and DDP, as it must be
+    return model.to(device)  # on the device before wrapping, as DDP requires
+
+
+def _restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _rng_state() -> dict[str, Any]:
+    """Every random generator this process draws from: torch's (CPU and its CUDA device) and Python's."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+    return {"torch": torch.get_rng_state(), "cuda": cuda, "python": random.getstate()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+    random.setstate(state["python"])
+
+
+def init_distributed(cluster: Cluster, timeout_s: int) -> torch.device:
+    """Join the process group that torchrun set up; returns this rank's device.
+
+    The timeout makes a dead or hung peer fail the run in that many seconds, not after the default 10 or 30 minutes.
+    """
     if torch.cuda.is_available():
         torch.cuda.set_device(cluster.local_rank)  # before any CUDA work, or every rank piles onto GPU 0
         device = torch.device("cuda", cluster.local_rank)
     else:
         device = torch.device("cpu")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, init_method="env://", timeout=PROCESS_GROUP_TIMEOUT)
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
     return device
 
 
@@ -331,9 +551,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "error: LOCAL_RANK is not set: start this under torchrun, for example\n"
             "  python -m torch.distributed.run --standalone --nproc-per-node=2 -m trainer"
         )
+    if not torch.cuda.is_available() and config.needs_cuda():
+        sys.exit("error: " + "; ".join(config.needs_cuda()))
     cluster = Cluster.from_env()
     stop = StopSignal.install()  # before the slow start-up, so an early SIGTERM is not lost
-    device = init_distributed(cluster)
+    device = init_distributed(cluster, config.pg_timeout_s)
     try:
         exit_code = run(config, cluster, device, stop)
         # Every rank is here together: finished, stopped, or failed together. A barrier last: ending on the checkpoint

@@ -10,6 +10,19 @@ A metric batch is one JSON object posted to `INGEST_PATH` with `Authorization: B
 
 A point is keyed `(run, key, step, rank)`: sending it twice stores it once, so a retry or a replayed spool can
 never duplicate it. JSON has no NaN or infinity, so those values travel as the strings in `NON_FINITE`.
+
+A batch may also carry, each optional:
+
+    "node": {"host": "gpu-node-3", "gpus": [{"index": 0, "uuid": "GPU-8f1e...", "name": "NVIDIA H100"}],
+             "nvml_error": null}
+    "heartbeat": {"rank": 5, "host": "gpu-node-3", "step": 1200}
+
+`node` is the inventory of the node whose local rank 0 samples its GPUs (`trainer.gpu`), sent when it changes;
+`nvml_error` says why a node samples CPU and memory instead (then `gpus` is empty). The server keeps one per host
+in the run's `gpus`. The samples themselves are ordinary points keyed `GPU_KEY` / `SYS_KEY`, at step = unix
+seconds, from the sampling rank. `heartbeat` is one rank's own "alive at this step", which every rank sends at
+most every couple of seconds and only when its step moved, so that a rank that hangs while the others wait in a
+collective shows as the one whose heartbeat went stale.
 """
 
 from __future__ import annotations
@@ -46,10 +59,58 @@ CHECKPOINT_METRICS = ("loss", "epoch_loss")  # a sidecar's metrics; lower is bet
 RETENTION_LOG = "retention.jsonl"
 
 # The built-in workloads `python -m trainer --workload NAME` accepts, with what a person sees in the form.
-WORKLOADS = {"mlp": "MLP classifier on synthetic data (65,536 samples, 32 features, 10 classes)"}
+WORKLOADS = {
+    "mlp": "MLP classifier on synthetic data (65,536 samples, 32 features, 10 classes)",
+    "cnn": "CNN with BatchNorm on synthetic 16x16 images (16,384 samples, 10 classes)",
+    "charlm": "Character-level transformer language model on a generated corpus (16,384 windows of 64)",
+}
+
+# The trainer's choices, which the server's form and API offer as they are.
+OPTIMIZERS = ("adamw", "adam", "sgd")  # sgd with momentum 0.9
+LR_SCHEDULES = ("constant", "cosine")  # both after a linear warm-up of warmup_steps
+PRECISIONS = ("off", "bf16", "fp16")  # autocast dtypes; fp16 with a GradScaler, and only on CUDA
+CHECKPOINT_UNITS = ("epoch", "step")  # what checkpoint_every counts
+# The NCCL variables a run may set; anything else in its environment stays the launcher's.
+NCCL_ENV = (
+    "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "NCCL_IB_HCA",
+    "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_BUFFSIZE", "NCCL_NSOCKS_PERTHREAD",
+    "NCCL_SOCKET_NTHREADS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_ASYNC_ERROR_HANDLING",
+)  # fmt: skip
+
+
+
+def cuda_only(*, precision: str, sync_batchnorm: bool) -> dict[str, str]:
+    """The options among these that work only on CUDA devices, each with why: {option: reason}."""
+    reasons = {
+        "precision": "fp16 needs CUDA GPUs (its gradient scaler is for GPUs); on CPUs use bf16 or off",
+        "sync_batchnorm": "SyncBatchNorm runs only on CUDA GPUs; on CPUs each rank keeps its own BatchNorm statistics",
+    }
+    chosen = {"precision": precision == "fp16", "sync_batchnorm": sync_batchnorm}
+    return {option: reasons[option] for option, on in chosen.items() if on}
+
 
 MAX_KEY_LENGTH = 200
 MAX_POINTS_PER_BATCH = 10_000
+MAX_HOST_LENGTH = 100  # a host name in keys and inventories; keeps the longest GPU key well under MAX_KEY_LENGTH
+MAX_GPUS_PER_NODE = 64
+MAX_NVML_ERROR_LENGTH = 500
+
+# A node's GPU samples: `gpu/<host>/<index>/<field>`, the index as NVML numbers the GPU on that host. Each field
+# with its unit. run_mem: memory held on that GPU by this run's own processes (the others may be someone else's).
+GPU_KEY = "gpu/{host}/{index}/{field}"
+GPU_FIELDS = {
+    "util": "%",
+    "mem_used": "bytes",
+    "mem_total": "bytes",
+    "temp": "°C",
+    "power": "W",
+    "power_limit": "W",
+    "sm_clock": "MHz",
+    "run_mem": "bytes",
+}
+# A node without NVML samples the host instead: `sys/<host>/<field>`.
+SYS_KEY = "sys/{host}/{field}"
+SYS_FIELDS = {"cpu_percent": "%", "mem_used": "bytes", "mem_total": "bytes"}
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -101,6 +162,37 @@ class Progress:
     total_steps: int
     samples_per_s: float = 0.0
     finished: bool = False
+    restart: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: how many times the workers were restarted
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU of a node, as NVML names it."""
+
+    index: int  # NVML's index on its host (what CUDA_VISIBLE_DEVICES counts, with CUDA_DEVICE_ORDER=PCI_BUS_ID)
+    uuid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Node:
+    """What one node samples: its GPUs, or why it has none (NVML missing, no driver) and samples CPU instead."""
+
+    host: str
+    gpus: tuple[Gpu, ...] = ()
+    nvml_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "gpus": [asdict(gpu) for gpu in self.gpus], "nvml_error": self.nvml_error}
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """One rank says it is alive, on this host, at this step."""
+
+    rank: int
+    host: str
+    step: int
 
 
 @dataclass(frozen=True)
@@ -109,11 +201,17 @@ class Batch:
 
     points: tuple[Point, ...] = ()
     progress: Progress | None = None
+    node: Node | None = None
+    heartbeat: Heartbeat | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"points": [p.to_json() for p in self.points]}
         if self.progress is not None:
             body["progress"] = asdict(self.progress)
+        if self.node is not None:
+            body["node"] = self.node.to_json()
+        if self.heartbeat is not None:
+            body["heartbeat"] = asdict(self.heartbeat)
         return body
 
 

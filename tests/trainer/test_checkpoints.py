@@ -117,7 +117,7 @@ def names(folder: Path) -> set[str]:
 
 def first_step_loss(model: torch.nn.Module, *, seed: int, batch_size: int) -> float:
     """The loss a 2-rank run with this seed computes at its first step with these weights, averaged over ranks."""
-    dataset = WORKLOADS["mlp"].build_dataset()
+    dataset, _validation = WORKLOADS["mlp"].build_data()
     losses = []
     for rank in (0, 1):
         sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=seed, drop_last=True)
@@ -208,7 +208,8 @@ def test_a_checkpoint_too_big_to_write_fails_the_run_at_once_and_leaves_the_earl
     before = {path.name: path.read_bytes() for path in folder.iterdir()}
     limit = 256 * 1024
     assert len(first_checkpoint(first_run).read_bytes()) > 2 * limit
-    run = train(tmp_path, "--epochs", "3", "--batch-size", "512", file_size_limit=limit)
+    # --resume false: a new run in that folder, rather than the continuation of the one whose files are there.
+    run = train(tmp_path, "--epochs", "3", "--batch-size", "512", "--resume", "false", file_size_limit=limit)
 
     assert run.returncode != 0, run.output
     # A rank left waiting on rank 0 would hang until the 60 s process-group timeout; this run ends after its first

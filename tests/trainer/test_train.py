@@ -117,7 +117,11 @@ def test_a_short_run_writes_a_loadable_checkpoint_per_epoch(finished_run: ShortR
     for epoch, path in enumerate(checkpoints(finished_run.tmp), start=1):
         reason = "final" if epoch == 2 else "epoch"
         snapshot = torch.load(path, weights_only=True)
-        assert snapshot.keys() == {"model", "optimizer", "epoch", "step", "metrics", "config"}
+        assert snapshot.keys() == {
+            "model", "optimizer", "scheduler", "scaler", "epoch", "epoch_step", "epoch_losses", "step", "world_size",
+            "rng", "metrics", "config",
+        }  # fmt: skip
+        assert len(snapshot["rng"]) == 2 and snapshot["world_size"] == 2  # each rank's generators, for resuming
         assert (snapshot["epoch"], snapshot["step"]) == (epoch, epoch * steps)
         assert (sidecar(path).epoch, sidecar(path).step, sidecar(path).reason) == (epoch, epoch * steps, reason)
         assert TrainConfig(**snapshot["config"]).batch_size == 512
@@ -258,8 +262,9 @@ def test_every_field_is_a_flag_with_its_help() -> None:
     help_text = " ".join(TrainConfig.argument_parser().format_help().split())
     for flag, words in [
         ("--batch-size", "samples per step on each rank"),
-        ("--lr", "AdamW learning rate"),
-        ("--checkpoint-every", "every this many epochs"),
+        ("--lr", "peak learning rate"),
+        ("--checkpoint-every", "every this many units"),
+        ("--grad-accum", "only the last one all-reduces"),
     ]:
         assert flag in help_text and words in help_text
 
