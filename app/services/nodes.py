@@ -1,0 +1,28 @@
+"""What a run's nodes and ranks say about themselves on their batches: GPU inventories and per-rank heartbeats."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from app.models import Run, utcnow
+from app.schemas import HeartbeatIn, NodeIn
+from app.store import ranks as rank_store
+
+
+def record(db: Session, *, run: Run, node: NodeIn | None, heartbeat: HeartbeatIn | None) -> None:
+    """Keeps a node's inventory in `run.gpus` (one entry per host) and upserts a rank's heartbeat; inside ingest's
+    transaction."""
+    if node is not None:
+        # Two nodes' batches may land at once: lock the row, or one node's inventory would overwrite the other's.
+        db.refresh(run, attribute_names=["gpus"], with_for_update=True)
+        run.gpus = merge_node(run.gpus, node.model_dump())
+    if heartbeat is not None:
+        rank_store.upsert_heartbeat(
+            db, run_id=run.id, rank=heartbeat.rank, host=heartbeat.host, step=heartbeat.step, at=utcnow()
+        )
+
+
+def merge_node(nodes: list[dict[str, object]] | None, node: dict[str, object]) -> list[dict[str, object]]:
+    """The run's nodes with `node` in place of the one of the same host, sorted by host."""
+    others = [known for known in nodes or [] if known.get("host") != node["host"]]
+    return sorted([*others, node], key=lambda known: str(known.get("host")))

@@ -1,0 +1,26 @@
+"""Per-rank heartbeats: one row per (run, rank), replaced by each newer heartbeat."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import Table
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app.models import RunRank
+
+RANKS: Table = RunRank.__table__  # type: ignore[assignment]
+
+
+def upsert_heartbeat(db: Session, *, run_id: int, rank: int, host: str, step: int, at: datetime) -> None:
+    """Records that `rank` of the run was at `step` on `host` at `at`, replacing what it said before."""
+    dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
+    values = {"host": host, "step": step, "heartbeat_at": at}
+    statement = dialect.insert(RANKS).values(run_id=run_id, rank=rank, **values)
+    db.execute(statement.on_conflict_do_update(index_elements=["run_id", "rank"], set_=values))
+
+
+def rank_rows(db: Session, *, run_id: int) -> list[RunRank]:
+    """The run's ranks by number, with their last heartbeat."""
+    return list(db.query(RunRank).filter(RunRank.run_id == run_id).order_by(RunRank.rank))
