@@ -69,3 +69,12 @@ class SchemaMismatch(RankboardError):
     """The database's schema is not the one this code was written for; raised at start-up, never per request."""
 
     status_code = 500
+
+
+class SeriesNotFound(RankboardError):
+    """The run has no metric of that key."""
+
+    status_code = 404
+
+    def __init__(self, run_id: int, key: str) -> None:
+        super().__init__(f"run {run_id} has no metric {key!r}")

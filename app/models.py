@@ -140,7 +140,8 @@ class Run(Base):
     trainer_finished: Mapped[bool] = mapped_column(default=False)
     final_loss: Mapped[float | None] = mapped_column(Float)
     restarts: Mapped[int] = mapped_column(Integer, default=0)  # torchrun restarts of the workers seen so far
-    # The GPUs the run's nodes reported: [{"host", "index", "uuid", "name"}, ...].
+    # Each node's inventory as its GPU sampler reported it (wire.Node), one per host, replaced when it reports again:
+    # [{"host": "node-1", "gpus": [{"index": 0, "uuid": "GPU-...", "name": "..."}], "nvml_error": None}, ...].
     gpus: Mapped[list[dict[str, object]] | None] = mapped_column(JSON)
 
     events: Mapped[list[RunEvent]] = relationship(
@@ -205,3 +206,26 @@ class RunRank(Base):
     host: Mapped[str] = mapped_column(String(255))
     step: Mapped[int] = mapped_column(Integer)
     heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class MetricTier(Base):
+    """A series pre-aggregated per `tier` steps, so a zoomed-out chart reads a few rows per pixel, not every point.
+
+    One row per (series, tier, bucket, rank): bucket is step // tier; `min_value` and `max_value` ignore NaN (NULL
+    when the bucket holds only NaN); `last_step` is the bucket's highest step, whose value is read from the point
+    itself. Kept up to date on ingest (app.store.charts.refresh_tiers). On SQLite it is stored WITHOUT ROWID: the
+    rows are the primary-key index, so a range of buckets is one contiguous read.
+    """
+
+    __tablename__ = "metric_tiers"
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    series_id: Mapped[int] = mapped_column(
+        ForeignKey("metric_series.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    tier: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    bucket: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    min_value: Mapped[float | None] = mapped_column(Float)
+    max_value: Mapped[float | None] = mapped_column(Float)
+    last_step: Mapped[int] = mapped_column(Integer)

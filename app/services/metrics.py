@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 from app.errors import InvalidToken, RunNotActive
 from app.models import RunStatus, utcnow
 from app.schemas import BatchIn, IngestResult, PointIn, PointOut, SeriesOut
-from app.services import runs
+from app.services import nodes, runs
+from app.store import charts as chart_store
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 from app.store.metrics import StoredPoint
@@ -31,6 +32,7 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
         if run.status not in ACCEPTS_METRICS:
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
         stored = _store_points(db, run_id=run_id, points=batch.points)
+        nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)
         if batch.progress is not None:
             progress = batch.progress
             run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
@@ -45,7 +47,10 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
 def _store_points(db: Session, *, run_id: int, points: Sequence[PointIn]) -> int:
     ids = metric_store.series_ids(db, run_id=run_id, keys={p.key for p in points})
     rows = [(ids[p.key], p.step, p.rank, None if math.isnan(p.value) else p.value, p.time) for p in points]
-    return metric_store.insert_points(db, rows)
+    stored = metric_store.insert_points(db, rows)
+    if stored:  # a batch of nothing but re-sent points cannot change the charts' tiers
+        chart_store.refresh_tiers(db, rows)
+    return stored
 
 
 def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
