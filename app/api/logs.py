@@ -1,0 +1,94 @@
+"""A run's logs over the API: the files, their last lines (filtered), a whole file, and the failures explained."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, Field
+
+from app.deps import LauncherDep, SessionDep
+from app.diagnose import Diagnosis
+from app.services import logs, runs
+
+router = APIRouter(prefix="/api/runs", tags=["logs"])
+
+RankPath = Annotated[str, Field(description="A rank number, or `launcher` for torchrun's own output.")]
+StreamPath = Annotated[str, Field(description="`stdout` or `stderr`.")]
+
+
+class LogFileOut(BaseModel):
+    """One log file: `rank` is null for the launcher's output (torchrun's agent; stdout and stderr together)."""
+
+    rank: int | None
+    stream: str
+    size: int
+    attempt: int | None = Field(description="torchrun's restart attempt; the latest one is listed.")
+    url: str = Field(description="Where its last lines are; add /download for the whole file.")
+
+
+class TailOut(BaseModel):
+    rank: int | None
+    stream: str
+    size: int
+    lines: list[str]
+    scanned: int = Field(description="Bytes read from the end of the file to find these lines.")
+    budget_hit: bool = Field(description="True when the scan budget ran out before `lines` matches were found: "
+                             "older lines were not searched.")  # fmt: skip
+
+
+class DiagnosisOut(BaseModel):
+    kind: str = Field(description="cuda_oom, nccl_timeout, no_space, not_torchrun, address_in_use or exception.")
+    title: str
+    cause: str
+    advice: str
+    rank: int | None = Field(description="The rank it was seen on first; null when only the launcher's output.")
+    ranks: list[int]
+    line: str
+    traceback: str | None
+
+
+@router.get("/{run_id}/logs", response_model=list[LogFileOut], summary="A run's log files: each rank's and torchrun's")
+def list_logs(run_id: int, db: SessionDep, launcher: LauncherDep) -> list[LogFileOut]:
+    files = logs.log_files(runs.get_run(db, run_id=run_id), launcher=launcher)
+    return [
+        LogFileOut(rank=f.rank, stream=f.stream, size=f.size, attempt=f.attempt, url=_url(run_id, f)) for f in files
+    ]
+
+
+def _url(run_id: int, file: logs.LogFile) -> str:
+    return f"/api/runs/{run_id}/logs/{file.rank_name}/{file.stream}"
+
+
+@router.get("/{run_id}/logs/{rank}/{stream}", response_model=TailOut, summary="The last lines of a log, filtered")
+def tail_log(
+    run_id: int,
+    rank: RankPath,
+    stream: StreamPath,
+    db: SessionDep,
+    launcher: LauncherDep,
+    lines: Annotated[int, Query(ge=1, le=5000)] = 200,
+    filter: Annotated[str, Query(max_length=200, description="Case-insensitive substring.")] = "",
+) -> TailOut:
+    run = runs.get_run(db, run_id=run_id)
+    found = logs.tail_log(run, launcher=launcher, rank=rank, stream=stream, lines=lines, filter=filter)
+    return TailOut(rank=logs.parse_rank(rank), stream=stream, size=found.size, lines=found.lines,
+                   scanned=found.scanned, budget_hit=found.budget_hit)  # fmt: skip
+
+
+@router.get("/{run_id}/logs/{rank}/{stream}/download", summary="A whole log file, as an attachment")
+def download_log(
+    run_id: int, rank: RankPath, stream: StreamPath, db: SessionDep, launcher: LauncherDep
+) -> StreamingResponse:
+    file = logs.log_file(runs.get_run(db, run_id=run_id), launcher=launcher, rank=rank, stream=stream)
+    headers = {
+        "Content-Disposition": f'attachment; filename="run-{run_id}-{file.rank_name}-{stream}.log"',
+        "Content-Length": str(file.size),
+    }
+    return StreamingResponse(logs.download(file), media_type="text/plain; charset=utf-8", headers=headers)
+
+
+@router.get("/{run_id}/diagnoses", response_model=list[DiagnosisOut], summary="What went wrong, read from the logs")
+def diagnoses(run_id: int, db: SessionDep, launcher: LauncherDep) -> list[Diagnosis]:
+    return logs.diagnoses(runs.get_run(db, run_id=run_id), launcher=launcher)

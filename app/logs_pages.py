@@ -1,0 +1,94 @@
+"""The run page's log panel: the panel fragment, and the live tail of one log over server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.api import logs as logs_api
+from app.deps import LauncherDep, SessionDep
+from app.launcher.local import LocalLauncher
+from app.models import Run, RunStatus
+from app.services import logs, runs
+from app.stream import message
+from app.templating import render_block
+
+pages = APIRouter(include_in_schema=False)
+router = APIRouter()  # what app.main registers: these pages and the logs API
+POLL_SECONDS = 0.5
+TAIL_LINES = 200
+
+
+@pages.get("/runs/{run_id}/logs", response_class=HTMLResponse)
+def logs_panel(request: Request, run_id: int, db: SessionDep, launcher: LauncherDep) -> HTMLResponse:
+    """The panel: rank and stream choices, the filter, and what went wrong; its script starts the live tail."""
+    context = panel_context(runs.get_run(db, run_id=run_id), launcher=launcher)
+    return HTMLResponse(render_block(request.app.state.templates, "_logs.html", "panel", context))
+
+
+def panel_context(run: Run, *, launcher: LocalLauncher) -> dict[str, Any]:
+    files = logs.log_files(run, launcher=launcher)
+    found = logs.diagnoses(run, launcher=launcher)
+    ranks = sorted({f.rank for f in files if f.rank is not None} | set(range(run.nproc_per_node)))
+    first = next((d for d in found if d.rank is not None), None)  # open the log of the rank that failed first
+    return {
+        "run": run, "panel": True, "ranks": ranks, "sizes": {(f.rank_name, f.stream): f.size for f in files},
+        "has_launcher": any(f.rank is None for f in files), "diagnoses": found,
+        "explain": bool(found) or run.status in (RunStatus.failed, RunStatus.lost),
+        "rank": first.rank if first else 0, "stream": "stderr" if first else "stdout",
+    }  # fmt: skip
+
+
+@pages.get("/runs/{run_id}/logs/stream")
+def log_stream(
+    request: Request,
+    run_id: int,
+    rank: str = "0",
+    stream: str = "stdout",
+    filter: Annotated[str, Query(max_length=200)] = "",
+) -> StreamingResponse:
+    """The tail of one log, then its new lines as they are written; ends once the run is over and all was sent."""
+    # No request-long session: each poll opens its own (see app.pages.run_stream for why).
+    with request.app.state.sessions() as session:
+        runs.get_run(session, run_id=run_id)  # a 404 now rather than a stream that ends at once
+    follower = logs.LogFollower(logs.parse_rank(rank), logs.check_stream(stream), filter, TAIL_LINES)
+    events = _log_events(request, run_id, follower)
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+async def _log_events(request: Request, run_id: int, follower: logs.LogFollower) -> AsyncIterator[str]:
+    """Events: `reset` (lines that replace those shown), `lines` (to append), `explain` (the what-went-wrong box,
+    once the run is over), `end`."""
+    launcher = request.app.state.launcher
+
+    def poll() -> tuple[logs.LogUpdate, str | None]:
+        with request.app.state.sessions() as session:
+            run = runs.get_run(session, run_id=run_id)
+            update = logs.follow(follower, run, launcher=launcher)
+            if not update.done:
+                return update, None
+            context = panel_context(run, launcher=launcher)
+            return update, render_block(request.app.state.templates, "_logs.html", "explain", context)
+
+    while not await request.is_disconnected():
+        update, explain = await run_in_threadpool(poll)
+        if update.reset:
+            yield message("reset", json.dumps({"lines": update.lines, "budget_hit": update.budget_hit}))
+        elif update.lines:
+            yield message("lines", json.dumps(update.lines))
+        if explain is not None:
+            yield message("explain", explain)
+            yield message("end", "")
+            return
+        if not update.lines and not update.reset:
+            await asyncio.sleep(POLL_SECONDS)
+
+
+router.include_router(logs_api.router)
+router.include_router(pages)

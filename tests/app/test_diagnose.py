@@ -1,0 +1,207 @@
+"""Failures explained, each recognised from a real line: produced here by a real process where this machine can
+produce it, copied verbatim from PyTorch's source or its users' reports where it cannot (no GPU here)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.diagnose import Diagnosis, LogText, diagnose
+from tests.live import REPO
+
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def stderr_of(*args: str) -> str:
+    """What a Python process prints on stderr, started as a user would start it: with python, not torchrun."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_ENV}
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    assert done.returncode != 0, done
+    return done.stderr
+
+
+def only(found: list[Diagnosis], kind: str) -> Diagnosis:
+    assert [d.kind for d in found] == [kind], found
+    return found[0]
+
+
+def test_the_trainer_started_with_python_not_torchrun() -> None:
+    text = stderr_of("-m", "trainer", "--epochs", "1")
+    found = only(diagnose([LogText(0, "stderr", text)]), "not_torchrun")
+    assert found.line.startswith("error: LOCAL_RANK is not set") and "torchrun" in found.advice
+
+
+def test_a_script_reading_local_rank_started_with_python(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import os\nlocal_rank = int(os.environ['LOCAL_RANK'])\n")
+    text = stderr_of(str(script))
+    found = only(diagnose([LogText(0, "stderr", text)]), "not_torchrun")
+    assert found.line == "KeyError: 'LOCAL_RANK'" and found.traceback is not None and "local_rank =" in found.traceback
+
+
+def test_init_process_group_without_torchruns_environment() -> None:
+    text = stderr_of("-c", "import torch.distributed as dist\ndist.init_process_group('gloo')")
+    found = only(diagnose([LogText(0, "stderr", text)]), "not_torchrun")
+    assert "environment variable RANK expected, but not set" in found.line
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # torch's own store, as torchrun's rendezvous or init_process_group binds it
+        "import datetime, socket\nfrom torch.distributed import TCPStore\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        "TCPStore('127.0.0.1', s.getsockname()[1], 1, True, timeout=datetime.timedelta(seconds=5))",
+        # any server of the user's own
+        "import socket\na = socket.socket(); a.bind(('127.0.0.1', 0))\nsocket.socket().bind(a.getsockname())",
+    ],
+    ids=["torch-tcpstore", "socket"],
+)
+def test_address_already_in_use(code: str) -> None:
+    text = stderr_of("-c", code)
+    found = only(diagnose([LogText(None, "stdout", text)]), "address_in_use")
+    assert found.rank is None and found.traceback is not None
+    assert ("EADDRINUSE" in found.line) or found.line == "OSError: [Errno 98] Address already in use"
+
+
+def test_no_space_left_on_device() -> None:
+    # A full disk is not available here; this is the OSError a failed write raises, printed by Python itself.
+    text = stderr_of("-c", "import errno, os\nraise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))")
+    found = only(diagnose([LogText(1, "stderr", text)]), "no_space")
+    assert found.line == "OSError: [Errno 28] No space left on device" and found.rank == 1
+    assert "checkpoints" in found.advice
+
+
+# Copied verbatim (no GPU here): a CUDA OOM line from murong-xu/CADS issue #4, as PyTorch 2.x words it
+# (c10/cuda/CUDACachingAllocator.cpp), and the older wording from the title of pytorch/pytorch issue #16417.
+CUDA_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 22.78 GiB. GPU 0 has a total capacity of 31.47 GiB"
+    " of which 12.73 GiB is free. Including non-PyTorch memory, this process has 18.73 GiB memory in use. Of the "
+    "allocated memory 9.08 GiB is allocated by PyTorch, and 9.35 GiB is reserved by PyTorch but unallocated. If "
+    "reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+    "fragmentation.  See documentation for Memory Management  "
+    "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+)
+CUDA_OOM_OLD = (
+    "RuntimeError: CUDA out of memory. Tried to allocate 12.50 MiB (GPU 0; 10.92 GiB total capacity; "
+    "8.57 MiB already allocated; 9.28 GiB free; 4.68 MiB cached)"
+)
+# Copied verbatim: the NCCL watchdog's lines from XPixelGroup/BasicSR issue #737 (torch's
+# torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp writes "Watchdog caught collective operation timeout: ").
+NCCL_WATCHDOG = (
+    "[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for "
+    "600020 milliseconds before timing out."
+)
+# and from sgl-project/sglang issue #1693, the line that follows it when the watchdog takes the process down
+NCCL_FAILED = (
+    "[rank4]:[E1016 03:31:38.929241154 ProcessGroupNCCL.cpp:621] [Rank 4] Some NCCL operations have failed or timed "
+    "out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete "
+    "data."
+)
+
+
+@pytest.mark.parametrize("line", [CUDA_OOM, CUDA_OOM_OLD])
+def test_cuda_out_of_memory(line: str) -> None:
+    found = only(diagnose([LogText(0, "stdout", "step 10 loss 0.3\n"), LogText(0, "stderr", line + "\n")]), "cuda_oom")
+    assert found.line == line and "batch" in found.advice and "mixed precision" in found.advice
+
+
+@pytest.mark.parametrize("line", [NCCL_WATCHDOG, NCCL_FAILED])
+def test_nccl_timeout(line: str) -> None:
+    found = only(diagnose([LogText(1, "stderr", line + "\n")]), "nccl_timeout")
+    assert "NCCL_DEBUG=INFO" in found.advice and "nvidia-smi" in found.advice
+
+
+def test_a_line_seen_on_every_rank_is_one_diagnosis_naming_them_all() -> None:
+    found = only(diagnose([LogText(r, "stderr", NCCL_WATCHDOG + "\n", modified=10.0 - r) for r in range(3)]),
+                 "nccl_timeout")  # fmt: skip
+    assert found.rank == 2 and found.ranks == [2, 1, 0]  # rank 2's log stopped changing first
+
+
+def test_the_exception_of_the_rank_that_failed_first_is_shown() -> None:
+    late = stderr_of("-c", "raise RuntimeError('Connection closed by peer')")
+    early = stderr_of("-c", "def load(i):\n    raise IndexError(f'sample {i} out of range')\nload(7)")
+    logs = [LogText(0, "stderr", late, modified=200.0), LogText(3, "stderr", early, modified=100.0)]
+    found = only(diagnose(logs), "exception")
+    assert found.rank == 3 and found.line == "IndexError: sample 7 out of range"
+    assert found.traceback is not None and found.traceback.startswith("Traceback (most recent call last):")
+    assert "in load" in found.traceback and "Connection closed" not in found.traceback
+
+
+def test_of_several_tracebacks_in_one_log_the_last_is_the_one_that_ended_it() -> None:
+    survived = stderr_of("-c", "raise TimeoutError('data server slow, retrying')")
+    fatal = stderr_of("-c", "raise MemoryError('host memory exhausted')")
+    found = only(diagnose([LogText(0, "stderr", survived + "retry 1 worked\n" + fatal)]), "exception")
+    assert found.line == "MemoryError: host memory exhausted" and "TimeoutError" not in (found.traceback or "")
+
+
+def test_a_chain_of_exceptions_is_one_traceback() -> None:
+    text = stderr_of("-c", "try:\n    {}['x']\nexcept KeyError:\n    raise ValueError('config has no x')")
+    found = only(diagnose([LogText(0, "stderr", text)]), "exception")
+    assert found.line == "ValueError: config has no x"
+    assert found.traceback is not None and "KeyError: 'x'" in found.traceback and "During handling" in found.traceback
+
+
+FAILING_SCRIPT = """
+import os, time
+rank = int(os.environ["RANK"])
+print(f"rank {rank} starting", flush=True)
+if rank == 1:
+    time.sleep(0.5)
+    raise ValueError("bad batch shape (3, 4)")
+time.sleep(30)  # rank 0 waits; torchrun stops it when rank 1 fails
+"""
+
+
+def test_a_real_torchrun_failure_is_explained_from_its_root_cause_rank(
+    client: TestClient, run_id: int, tmp_path: Path
+) -> None:
+    """torchrun's own output names the first failure; rank 1's traceback is shown, not torchrun's."""
+    run_dir: Path = client.app.state.settings.shared / "logs" / f"run-{run_id}"  # type: ignore[attr-defined]
+    run_dir.mkdir(parents=True)
+    script = tmp_path / "fail.py"
+    script.write_text(textwrap.dedent(FAILING_SCRIPT))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               "--log-dir", str(run_dir / "ranks"), "--redirects", "3", "--max-restarts", "0", str(script)]  # fmt: skip
+    with open(run_dir / "launcher.log", "wb") as log:
+        assert subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, timeout=120).returncode == 1
+    assert "Root Cause (first observed failure)" in (run_dir / "launcher.log").read_text()
+
+    found = client.get(f"/api/runs/{run_id}/diagnoses").json()
+    assert [(d["kind"], d["rank"], d["line"]) for d in found] == [
+        ("exception", 1, "ValueError: bad batch shape (3, 4)")
+    ]
+    assert 'raise ValueError("bad batch shape (3, 4)")' in found[0]["traceback"]
+    assert "ChildFailedError" not in found[0]["traceback"]
+    tail = client.get(f"/api/runs/{run_id}/logs/0/stdout").json()["lines"]
+    assert tail == ["rank 0 starting"]
+
+
+def test_a_stopped_torchrun_is_no_failure(tmp_path: Path) -> None:
+    """SIGTERM to torchrun (how a run is stopped) makes it print a traceback of its own; that explains nothing."""
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\nprint('working', flush=True)\ntime.sleep(60)\n")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+               "--log-dir", str(tmp_path / "ranks"), "--redirects", "3", str(script)]  # fmt: skip
+    agent = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("ranks/*/attempt_0/0/stdout.log")) or "working" not in _stdout(tmp_path):
+        assert time.monotonic() < deadline, "the worker did not start"
+        time.sleep(0.2)
+    agent.send_signal(signal.SIGTERM)
+    output, _ = agent.communicate(timeout=60)
+    assert "SignalException" in output
+    assert diagnose([LogText(None, "stdout", output), LogText(0, "stdout", _stdout(tmp_path))]) == []
+
+
+def _stdout(tmp_path: Path) -> str:
+    return "".join(p.read_text() for p in tmp_path.glob("ranks/*/attempt_0/0/stdout.log"))
