@@ -1,48 +1,82 @@
-// The run page's loss chart: points arrive on the page's server-sent event stream (event "points"), which htmx's
-// SSE extension hands to this element; we take them before htmx would swap them in as HTML.
-(function () {
-  "use strict";
-  const el = document.getElementById("loss-chart");
+// The run page's charts: built from the layout the server put in #charts, fed by the page's server-sent event
+// stream (event "points", JSON of new raw points), which htmx's SSE extension hands to #chart-points.
+// When a key arrives that the layout was not made with, the page asks for its `charts` fragment again.
+import { RunChart } from "./charts/chart.js";
+
+const REFRESH_AT_MOST_EVERY_MS = 2000;
+let charts = [];
+let knownKeys = new Set();
+let overlays = [];  // [{run, label}] on the loss chart, kept across a refresh of the layout
+let refreshing = false;
+let lastRefresh = 0;
+
+function section() { return document.getElementById("charts"); }
+
+function start() {
+  const el = section();
   if (!el) return;
-  const summary = document.getElementById("chart-summary");
-  const NON_FINITE = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity };
-  const steps = [];
-  const values = [];
-
-  const chart = new uPlot({
-    width: el.clientWidth || 800,
-    height: 320,
-    scales: { x: { time: false } },
-    series: [{ label: "step" }, { label: "loss", stroke: "#2563eb", width: 1.5, spanGaps: false }],
-    axes: [{ label: "step" }, { label: "loss" }],
-  }, [steps, values], el);
-
-  function add(step, value) {
-    // Points come in step order; a replayed spool may bring an older one, which is put in its place.
-    let i = steps.length;
-    while (i > 0 && steps[i - 1] > step) i--;
-    if (i > 0 && steps[i - 1] === step) return;
-    steps.splice(i, 0, step);
-    values.splice(i, 0, Number.isFinite(value) ? value : null);  // NaN and inf are gaps in the line
+  const runId = Number(el.dataset.runId);
+  knownKeys = new Set(JSON.parse(el.dataset.keys || "[]"));
+  charts = Array.from(el.querySelectorAll("figure[data-chart]"), (figure) => new RunChart(figure, runId));
+  const loss = charts.find((chart) => chart.spec.id === "loss");
+  if (loss) {
+    overlays.forEach((o) => loss.addOverlay(o.run, o.label));
+    fillRunPicker(runId, loss);
   }
+}
 
-  el.addEventListener("htmx:sseBeforeMessage", function (event) {
-    event.preventDefault();  // this is JSON for the chart, not HTML to swap in
-    const loss = JSON.parse(event.detail.data).series.loss;
-    if (!loss) return;
-    let last = null;
-    for (let i = 0; i < loss.steps.length; i++) {
-      if (loss.ranks[i] !== 0) continue;
-      const value = typeof loss.values[i] === "string" ? NON_FINITE[loss.values[i]] : loss.values[i];
-      add(loss.steps[i], value);
-      last = { step: loss.steps[i], value: value };
-    }
-    chart.setData([steps, values]);
-    if (last) {
-      summary.textContent = steps.length + " points · last loss " + last.value.toPrecision(4) + " at step " + last.step;
-      summary.dataset.points = String(steps.length);
+async function fillRunPicker(runId, loss) {
+  const select = document.getElementById("overlay-runs");
+  if (!select) return;
+  const response = await fetch("/api/runs?limit=500");
+  if (!response.ok) return;
+  for (const run of (await response.json()).items) {
+    if (run.id === runId) continue;
+    select.add(new Option(`#${run.id} ${run.name}`, String(run.id)));
+  }
+  select.addEventListener("change", () => {
+    const run = Number(select.value);
+    if (!run || overlays.some((o) => o.run === run)) return;
+    const label = select.selectedOptions[0].textContent + " loss";
+    overlays.push({ run, label });
+    loss.addOverlay(run, label);
+    select.value = "";
+  });
+  loss.figure.addEventListener("overlay-remove", (event) => {
+    overlays = overlays.filter((o) => o.run !== event.detail.run);
+    loss.removeOverlay(event.detail.run);
+  });
+}
+
+/** Replaces #charts with the server's current layout, and rebuilds every chart from the endpoint. */
+async function refreshLayout() {
+  if (refreshing || Date.now() - lastRefresh < REFRESH_AT_MOST_EVERY_MS) return;
+  refreshing = true;
+  lastRefresh = Date.now();
+  try {
+    const el = section();
+    const response = await fetch(`/runs/${el.dataset.runId}`, { headers: { "HX-Target": "charts" } });
+    if (!response.ok) return;
+    charts.forEach((chart) => chart.destroy());
+    el.outerHTML = await response.text();
+    start();
+  } finally {
+    refreshing = false;
+  }
+}
+
+const points = document.getElementById("chart-points");
+if (points) {
+  points.addEventListener("htmx:sseBeforeMessage", (event) => {
+    event.preventDefault();  // JSON for the charts, not HTML to swap in
+    const series = JSON.parse(event.detail.data).series;
+    charts.forEach((chart) => chart.append(series));
+    if (Object.keys(series).some((key) => !knownKeys.has(key))) {
+      refreshLayout();
+      // A key refused by the rate limit is looked at again with the next message; retry once later as well.
+      setTimeout(() => { if (Object.keys(series).some((key) => !knownKeys.has(key))) refreshLayout(); },
+                 REFRESH_AT_MOST_EVERY_MS + 100);
     }
   });
-
-  new ResizeObserver(function () { chart.setSize({ width: el.clientWidth, height: 320 }); }).observe(el);
-})();
+}
+start();

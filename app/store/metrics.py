@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Insert, Table, select
+from sqlalchemy import Insert, Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -111,3 +111,13 @@ def last_value(db: Session, *, run_id: int, key: str) -> float | None:
     )
     stored = _stored(points)
     return stored[0].value if stored else None
+
+
+def last_point_id(db: Session) -> int:
+    """The newest point's id of any run, 0 without any: where a freshly loaded page's live stream starts.
+
+    Any run's, not only the page's: ids are one sequence, so everything of this run up to it is already in what the
+    page's charts read, and MAX over the primary key is one index lookup, where the run's own newest would scan
+    every point of its series.
+    """
+    return db.scalar(select(func.max(POINTS.c.id))) or 0

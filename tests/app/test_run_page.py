@@ -1,0 +1,86 @@
+"""The run page's charts: one per kind of metric the run has, none for what it lacks, and a live stream that starts
+after what the charts already read instead of replaying the whole backlog."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+
+from fastapi.testclient import TestClient
+
+from app.models import Run, RunStatus
+from tests.app.conftest import post
+from tests.app.test_stream import events
+from trainer import wire
+
+
+def points(*keys: str, steps: range = range(1, 4), rank: int = 0) -> list[dict[str, object]]:
+    return [wire.Point(key, step, float(step), rank, 1.7e9).to_json() for key in keys for step in steps]
+
+
+def charts(page: str) -> dict[str, dict[str, object]]:
+    """Each chart on the page by id, with the layout the page's script draws it from."""
+    found = re.findall(r"<figure class=\"chart-box\" id=\"([\w-]+)-box\" data-chart='([^']*)'", page)
+    return {chart_id: json.loads(spec.replace("&#34;", '"')) for chart_id, spec in found}
+
+
+def labels(chart: dict[str, object]) -> list[str]:
+    return [series["label"] for series in chart["series"]]  # type: ignore[attr-defined,index]
+
+
+def test_the_page_shows_a_chart_for_each_kind_of_metric_the_run_has(client: TestClient, run_id: int) -> None:
+    gpu = [f"gpu/{host}/{i}/{field}" for host in ("node-a", "node-b") for i in (0, 1) for field in wire.GPU_FIELDS]
+    body = {"points": points("loss", "val_loss", "samples_per_s", *gpu) + points("rank/step_ms", rank=1)}
+    assert post(client, run_id, body).status_code == 200
+
+    shown = charts(client.get(f"/runs/{run_id}").text)
+    assert list(shown) == ["loss", "throughput", "step-time", "gpu-util", "gpu-memory", "gpu-power"]
+    assert labels(shown["loss"]) == ["train loss", "validation loss"]
+    assert labels(shown["throughput"]) == ["samples/s"]  # no tokens/s: this run does not report it
+    assert labels(shown["gpu-util"]) == ["node-a GPU 0", "node-a GPU 1", "node-b GPU 0", "node-b GPU 1"]
+    assert "node-b GPU 1 mem total" in labels(shown["gpu-memory"])
+    assert "node-a GPU 0 power limit" in labels(shown["gpu-power"])
+    assert shown["gpu-util"]["time"] is True and shown["loss"]["time"] is False  # GPU samples are at unix seconds
+    created = client.get(f"/api/runs/{run_id}").json()["created_at"]
+    created_s = datetime.fromisoformat(created.replace("Z", "+00:00")).replace(tzinfo=UTC).timestamp()
+    assert shown["gpu-util"]["start"] == int(created_s)  # the run's start, not 1970
+
+
+def test_a_node_without_nvml_says_why_and_gets_cpu_and_memory_charts(client: TestClient, run_id: int) -> None:
+    node = wire.Node("cpu-node", (), "NVML did not start: NVML Shared Library Not Found").to_json()
+    sys_keys = [f"sys/cpu-node/{field}" for field in wire.SYS_FIELDS]
+    assert post(client, run_id, {"points": points("loss", *sys_keys), "node": node}).status_code == 200
+
+    page = client.get(f"/runs/{run_id}").text
+    assert "No NVIDIA GPU found on cpu-node: NVML did not start: NVML Shared Library Not Found" in page
+    shown = charts(page)
+    assert list(shown) == ["loss", "cpu", "host-memory"]
+    assert labels(shown["host-memory"]) == ["cpu-node", "cpu-node total"]
+
+
+def test_a_run_without_metrics_shows_no_empty_charts(client: TestClient, run_id: int) -> None:
+    page = client.get(f"/runs/{run_id}").text
+    assert charts(page) == {} and "No metrics yet" in page
+
+
+def test_the_stream_starts_after_the_points_the_charts_already_read(client: TestClient, run_id: int) -> None:
+    backlog = [wire.Point("loss", step, 1.0, 0, 1.7e9).to_json() for step in range(1, 5001)]
+    assert post(client, run_id, {"points": backlog}).status_code == 200
+    page = client.get(f"/runs/{run_id}").text
+    stream_url = re.search(r'sse-connect="([^"]+)"', page)
+    assert stream_url is not None
+    assert post(client, run_id, {"points": points("loss", steps=range(5001, 5003))}).status_code == 200
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).status = RunStatus.succeeded  # so that the stream ends once it has sent everything
+
+    received = [(kind, data) for kind, data, _id in events(client.get(stream_url[1]).text) if kind == "points"]
+    assert len(received) == 1
+    assert json.loads(received[0][1])["series"]["loss"]["steps"] == [5001, 5002]  # not the 5,000 before them
+
+
+def test_the_charts_fragment_alone_for_the_pages_script(client: TestClient, run_id: int) -> None:
+    assert post(client, run_id, {"points": points("lr")}).status_code == 200
+    fragment = client.get(f"/runs/{run_id}", headers={"HX-Target": "charts"}).text
+    assert fragment.lstrip().startswith('<section id="charts"') and "<html" not in fragment
+    assert list(charts(fragment)) == ["lr"]
