@@ -35,6 +35,16 @@ class FormField:
 LABELS = {
     "nproc_per_node": "Processes per node",
     "lr": "Learning rate",
+    "lr_schedule": "Learning-rate schedule",
+    "grad_accum": "Gradient accumulation",
+    "grad_clip": "Gradient clipping",
+    "val_every": "Validate every",
+    "sync_batchnorm": "SyncBatchNorm",
+    "bucket_cap_mb": "DDP bucket size (MiB)",
+    "pg_timeout_s": "Process-group timeout (s)",
+    "nccl_env": "NCCL environment",
+    "script": "Your own script",
+    "script_args": "Script arguments",
     "checkpoint_every": "Checkpoint every",
     "init_from": "Start from checkpoint",
     "init_optimizer": "Also its optimizer state",
@@ -42,15 +52,36 @@ LABELS = {
 }
 
 
+# The form's sections, in order; a field in none goes to the last.
+GROUPS = {
+    "What to train": ("name", "workload", "script", "script_args", "nproc_per_node", "epochs", "batch_size", "seed"),
+    "Optimization": ("grad_accum", "lr", "optimizer", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip",
+                     "precision", "val_every"),
+    "Checkpoints": ("checkpoint_every", "checkpoint_unit", "keep_last", "keep_best", "best_metric", "init_from",
+                    "init_optimizer", "allow_low_disk"),
+    "DDP and recovery": (),
+}  # fmt: skip
+
+
 def run_form_fields(*, capacity: int) -> list[FormField]:
     """The form's fields, in the schema's order, with defaults, ranges and help text."""
     return [_field(name, prop, capacity) for name, prop in RunCreate.model_json_schema()["properties"].items()]
 
 
+def run_form_groups(*, capacity: int) -> list[tuple[str, list[FormField]]]:
+    """The form's fields by section, each section in the schema's order."""
+    fields = run_form_fields(capacity=capacity)
+    placed = {name for names in GROUPS.values() for name in names}
+    return [
+        (title, [f for f in fields if (f.name in names if names else f.name not in placed)])
+        for title, names in GROUPS.items()
+    ]
+
+
 def _field(name: str, prop: dict[str, Any], capacity: int) -> FormField:
     label, default, help_text = (
         LABELS.get(name, name.replace("_", " ").capitalize()),
-        prop["default"],
+        prop.get("default"),  # none for a default_factory: an empty list or mapping
         prop["description"],
     )
     if name == "workload":
@@ -58,6 +89,8 @@ def _field(name: str, prop: dict[str, Any], capacity: int) -> FormField:
     if "enum" in prop:
         return FormField(name, label, "select", default, help_text, choices=tuple((c, c) for c in prop["enum"]))
     kind = prop.get("type") or next(t["type"] for t in prop.get("anyOf", []) if t["type"] != "null")
+    if kind in ("object", "array"):  # nccl_env, script_args: one entry per line
+        return FormField(name, label, "lines", "", help_text)
     if kind == "boolean":
         return FormField(name, label, "checkbox", default, help_text)
     if kind == "string":
@@ -70,11 +103,40 @@ def _field(name: str, prop: dict[str, Any], capacity: int) -> FormField:
 
 def parse_run_form(values: dict[str, str]) -> RunCreate:
     """A RunCreate from the form's strings; raises FormInvalid with a message for each wrong field."""
+    fields: dict[str, object] = {k: v for k, v in values.items() if k in RunCreate.model_fields}
+    errors = {}
+    if "script_args" in fields:
+        fields["script_args"] = _lines(values["script_args"])
+    if "nccl_env" in fields:
+        pairs = [line.partition("=") for line in _lines(values["nccl_env"])]
+        fields["nccl_env"] = {name.strip(): value.strip() for name, _eq, value in pairs}
+        if any(not eq for _name, eq, _value in pairs):
+            errors["nccl_env"] = "write one NAME=value per line, for example NCCL_DEBUG=INFO"
     try:
-        return RunCreate.model_validate({k: v for k, v in values.items() if k in RunCreate.model_fields})
+        spec = RunCreate.model_validate(fields)
     except ValidationError as exc:
-        errors = {str(e["loc"][0]): _message(e) for e in exc.errors()}
+        errors = {str(e["loc"][0]): _message(e) for e in exc.errors()} | errors
         raise FormInvalid(errors, values) from None
+    if errors:
+        raise FormInvalid(errors, values)
+    return spec
+
+
+def as_form_text(run_options: dict[str, object]) -> dict[str, str]:
+    """A run's options as the form's strings: the inverse of `parse_run_form`, for "new run from this"."""
+    return {name: _form_text(value) for name, value in run_options.items()}
+
+
+def _form_text(value: object) -> str:
+    if isinstance(value, dict):
+        return "\n".join(f"{name}={text}" for name, text in value.items())
+    if isinstance(value, list):
+        return "\n".join(value)
+    return "" if value is None else str(value)
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
 
 
 def _message(error: Any) -> str:

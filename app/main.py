@@ -10,13 +10,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from app import pages
+from app import logs_pages, pages
+from app.api import charts as charts_api
 from app.api import files as files_api
 from app.api import health
+from app.api import host as host_api
 from app.api import runs as runs_api
 from app.db import make_engine, make_sessionmaker, prepare_schema
 from app.errors import FieldInvalid, RankboardError
 from app.launcher.local import LocalLauncher
+from app.services.host import HostSampler
 from app.settings import Settings
 from app.supervisor import Supervisor
 from app.templating import make_templates
@@ -34,12 +37,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     sessions = make_sessionmaker(engine)
     launcher = LocalLauncher(settings)
     supervisor = Supervisor(sessions, launcher, interval=settings.supervise_interval_s, grace=settings.stop_grace_s)
+    host_sampler = HostSampler()  # NVML opened on the first look at the Host page, once for the app
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         supervisor.start()
         yield
         supervisor.stop()
+        host_sampler.close()
         engine.dispose()
 
     app = FastAPI(
@@ -50,10 +55,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings, app.state.sessions, app.state.launcher = settings, sessions, launcher
     app.state.supervisor, app.state.templates = supervisor, make_templates()
+    app.state.host_sampler = host_sampler
     app.add_exception_handler(RankboardError, _error_response)  # type: ignore[arg-type]
     app.include_router(health.router)
+    app.include_router(host_api.router)
     app.include_router(runs_api.router)
+    app.include_router(charts_api.router)
     app.include_router(files_api.router)
+    app.include_router(logs_pages.router)  # the run page's log panel and the logs API
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app

@@ -11,11 +11,11 @@ from fastapi.templating import Jinja2Templates
 
 from app.deps import LauncherDep, SessionDep
 from app.errors import FieldInvalid, FormInvalid, RankboardError
-from app.forms import parse_run_form, run_form_fields
+from app.forms import as_form_text, parse_run_form, run_form_groups
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus
 from app.schemas import RunCreate
-from app.services import checkpoints, files, metrics, runs, storage
+from app.services import checkpoints, files, health, host, metrics, run_charts, runs, storage
 from app.stream import Snapshot, run_events
 from app.templating import render_block
 
@@ -75,15 +75,14 @@ def new_run_page(
 
 
 def run_options(run: Run) -> dict[str, str]:
-    return {name: str(getattr(run, name)) for name in RunCreate.model_fields if hasattr(run, name)}
+    return as_form_text({name: getattr(run, name) for name in RunCreate.model_fields if hasattr(run, name)})
 
 
 def new_run_form(
     request: Request, *, launcher: LocalLauncher, values: dict[str, str], errors: dict[str, str], status_code: int = 200
 ) -> HTMLResponse:
-    fields = run_form_fields(capacity=launcher.capacity)
     context = {
-        "fields": fields,
+        "groups": run_form_groups(capacity=launcher.capacity),
         "values": values,
         "errors": errors,
         "capacity": launcher.capacity,
@@ -100,7 +99,12 @@ def create_run(db: SessionDep, launcher: LauncherDep, values: FormValues) -> Res
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: int, db: SessionDep, launcher: LauncherDep) -> Response:
-    return page(request, "run.html", run_context(runs.get_run(db, run_id=run_id), launcher=launcher))
+    """The run page; its `charts` fragment alone for the page's script when a new metric key arrives."""
+    run = runs.get_run(db, run_id=run_id)
+    charts = run_charts.run_charts(db, run=run)
+    if request.headers.get("HX-Target") == "charts":
+        return HTMLResponse(render_block(templates_of(request), "run.html", "charts", {"run": run, "charts": charts}))
+    return page(request, "run.html", {**run_context(run, launcher=launcher), "charts": charts})
 
 
 @router.post("/runs/{run_id}/stop")
@@ -108,6 +112,12 @@ def stop_run(request: Request, run_id: int, db: SessionDep, launcher: LauncherDe
     run = runs.stop_run(db, run_id=run_id, launcher=launcher)
     if hx:
         return HTMLResponse(render_block(templates_of(request), "run.html", "status", run_context(run, launcher)))
+    return RedirectResponse(f"/runs/{run_id}", status_code=303)
+
+
+@router.post("/runs/{run_id}/resume")
+def resume_run(run_id: int, db: SessionDep, launcher: LauncherDep) -> Response:
+    runs.resume_run(db, run_id=run_id, launcher=launcher)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
@@ -124,6 +134,15 @@ def delete_checkpoints(
     return HTMLResponse(render_block(templates_of(request), "run.html", "status", run_context(run, launcher)))
 
 
+@router.get("/host", response_class=HTMLResponse)
+def host_page(request: Request, db: SessionDep) -> Response:
+    """This host's GPUs and the runs holding them; the page polls itself for its `host_now` fragment."""
+    context = {"host": host.host_status(db, sampler=request.app.state.host_sampler)}
+    if request.headers.get("HX-Target") == "host-now":
+        return HTMLResponse(render_block(templates_of(request), "host.html", "host_now", context))
+    return page(request, "host.html", context)
+
+
 @router.get("/files", response_class=HTMLResponse)
 def files_page(request: Request, path: str = "") -> Response:
     root = request.app.state.settings.shared
@@ -138,7 +157,13 @@ def inspect_page(request: Request, path: str) -> Response:
 
 
 @router.get("/runs/{run_id}/stream")
-def run_stream(request: Request, run_id: int, last_event_id: Annotated[int, Header()] = 0) -> StreamingResponse:
+def run_stream(
+    request: Request,
+    run_id: int,
+    after: Annotated[int, Query(ge=0, description="The page's newest point id when it loaded.")] = 0,
+    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+) -> StreamingResponse:
+    """New points, status and output of a run; from `after`, or on a reconnect from the last point received."""
     # No request-long session: an SSE connection lasts hours, and an open read transaction would keep SQLite
     # from checkpointing its WAL all that time. Each poll opens and closes its own.
     with request.app.state.sessions() as session:
@@ -157,7 +182,8 @@ def run_stream(request: Request, run_id: int, last_event_id: Annotated[int, Head
                 run.status.is_final,
             )
 
-    events = run_events(request, run_id=run_id, after_id=last_event_id, snapshot=snapshot)
+    after_id = after if last_event_id is None else last_event_id
+    events = run_events(request, run_id=run_id, after_id=after_id, snapshot=snapshot)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
@@ -174,6 +200,7 @@ def run_context(run: Run, launcher: LocalLauncher) -> dict[str, Any]:
         "checkpoints": checkpoints.list_checkpoints(run, launcher=launcher, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, launcher=launcher),
         "checkpoint_dir": launcher.checkpoint_dir(run), "grace": timedelta(seconds=launcher.settings.stop_grace_s),
+        "health": health.assess_now(run, stall_after_s=launcher.settings.stall_after_s),
     }  # fmt: skip
 
 

@@ -34,12 +34,45 @@ MetricValue = Annotated[
 ]
 
 
+def _one_of(choices: tuple[str, ...]) -> AfterValidator:
+    def check(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"choose one of: {', '.join(choices)} (got {value!r})")
+        return value
+
+    return AfterValidator(check)
+
+
+# The trainer's choices (from `wire`), each listed as an enum in the schema, so that the form offers them.
+OptimizerName = Annotated[str, _one_of(wire.OPTIMIZERS), Field(json_schema_extra={"enum": list(wire.OPTIMIZERS)})]
+ScheduleName = Annotated[str, _one_of(wire.LR_SCHEDULES), Field(json_schema_extra={"enum": list(wire.LR_SCHEDULES)})]
+PrecisionName = Annotated[str, _one_of(wire.PRECISIONS), Field(json_schema_extra={"enum": list(wire.PRECISIONS)})]
+UnitName = Annotated[
+    str, _one_of(wire.CHECKPOINT_UNITS), Field(json_schema_extra={"enum": list(wire.CHECKPOINT_UNITS)})
+]
+
+
+def _nccl_env(env: dict[str, str]) -> dict[str, str]:
+    for name, value in env.items():
+        if name not in wire.NCCL_ENV:
+            raise ValueError(f"{name!r} is not an NCCL variable a run may set; allowed: {', '.join(wire.NCCL_ENV)}")
+        if len(value) > 1000 or any(c in value for c in "\0\n\r"):
+            raise ValueError(f"{name}: the value must be one line of at most 1000 characters")
+    return env
+
+
+def _script_argument(value: str) -> str:
+    if "\0" in value:
+        raise ValueError("an argument cannot hold a NUL character")
+    return value
+
+
 # What keep-best ranks checkpoints by (wire.CHECKPOINT_METRICS; a test keeps the two the same).
 BestMetric = Literal["loss", "epoch_loss"]
 
 
 class RunCreate(BaseModel):
-    """A new run of a built-in workload. The limits here are shown in the form next to each field."""
+    """A new run of a built-in workload, or of your own script; the form shows these limits next to each field."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -47,12 +80,43 @@ class RunCreate(BaseModel):
         default="demo", description="What you will recognise the run by."
     )
     workload: WorkloadName = Field(default="mlp", description="The built-in model and synthetic data set to train.")
+    script: Annotated[str | None, BeforeValidator(lambda v: v or None)] = Field(
+        default=None,
+        max_length=1000,
+        description="Your own training script instead of a workload: a path in the shared or scripts folder.",
+    )
+    script_args: list[Annotated[str, StringConstraints(max_length=4096), AfterValidator(_script_argument)]] = Field(
+        default_factory=list, max_length=256, description="The script's arguments, one per line."
+    )
     nproc_per_node: int = Field(default=2, ge=1, le=1024, description="Processes (one per GPU) on this node.")
     epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the data set.")
     batch_size: int = Field(default=64, ge=1, le=65_536, description="Samples per step on each process.")
-    lr: float = Field(default=0.001, gt=0, le=10, allow_inf_nan=False, description="AdamW's learning rate.")
-    checkpoint_every: int = Field(default=1, ge=1, le=100_000, description="Write a checkpoint every N epochs.")
+    grad_accum: int = Field(
+        default=1, ge=1, le=1024, description="Micro-batches per optimizer step; only the last one all-reduces."
+    )
+    lr: float = Field(
+        default=0.001, gt=0, le=10, allow_inf_nan=False, description="The peak learning rate, after warm-up."
+    )
+    optimizer: OptimizerName = Field(default="adamw", description="SGD uses momentum 0.9.")
+    lr_schedule: ScheduleName = Field(
+        default="constant", description="After the warm-up: constant, or a cosine decay to 0 at the last step."
+    )
+    warmup_steps: int = Field(default=0, ge=0, le=10_000_000, description="Steps of linear warm-up from 0 to lr.")
+    weight_decay: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False, description="The optimizer's decay.")
+    grad_clip: float = Field(
+        default=0.0, ge=0, le=1e6, allow_inf_nan=False, description="Clip the gradient norm to this; 0: no clipping."
+    )
+    precision: PrecisionName = Field(
+        default="off", description="Mixed precision: bf16, or fp16 with a gradient scaler (CUDA only)."
+    )
+    val_every: int = Field(
+        default=0, ge=0, le=10_000_000, description="Validate every N steps (loss and accuracy); 0: never."
+    )
     seed: int = Field(default=0, ge=0, le=2**31 - 1, description="The same seed on every rank; same seed, same run.")
+    checkpoint_every: int = Field(
+        default=1, ge=1, le=100_000, description="Write a checkpoint every N epochs or steps (see its unit)."
+    )
+    checkpoint_unit: UnitName = Field(default="epoch", description="What 'checkpoint every' counts.")
     keep_last: int = Field(default=0, ge=0, le=10_000, description="Keep the newest N checkpoints; 0 keeps all.")
     keep_best: int = Field(default=0, ge=0, le=10_000, description="Also keep the N best by the best metric.")
     best_metric: BestMetric = Field(
@@ -62,6 +126,21 @@ class RunCreate(BaseModel):
         default=None, max_length=1000, description="Start from this checkpoint's weights (a path in the shared folder)."
     )
     init_optimizer: bool = Field(default=False, description="With a checkpoint to start from: take its optimizer too.")
+    max_restarts: int = Field(
+        default=0, ge=0, le=100, description="Restart the workers this often after a rank dies; they resume exactly."
+    )
+    pg_timeout_s: int = Field(
+        default=60, ge=5, le=86_400, description="Seconds a collective waits for a dead or hung rank before failing."
+    )
+    sync_batchnorm: bool = Field(default=False, description="BatchNorm statistics over all ranks (CUDA only).")
+    find_unused_parameters: bool = Field(
+        default=False, description="For models whose forward skips parameters; costs time on every step."
+    )
+    bucket_cap_mb: int = Field(default=25, ge=1, le=1024, description="DDP gradient bucket size, in MiB.")
+    gradient_as_bucket_view: bool = Field(default=False, description="Gradients as views into DDP's buckets.")
+    nccl_env: Annotated[dict[str, str], AfterValidator(_nccl_env)] = Field(
+        default_factory=dict, max_length=len(wire.NCCL_ENV), description="NCCL variables, e.g. NCCL_DEBUG=INFO."
+    )
     allow_low_disk: bool = Field(
         default=False, description="Start even if its checkpoints are projected not to fit on the shared disk."
     )
@@ -99,6 +178,25 @@ class RunOut(BaseModel):
     best_metric: str
     init_from: str | None
     init_optimizer: bool
+    optimizer: str
+    lr_schedule: str
+    warmup_steps: int
+    weight_decay: float
+    grad_clip: float
+    grad_accum: int
+    precision: str
+    sync_batchnorm: bool
+    find_unused_parameters: bool
+    bucket_cap_mb: int
+    gradient_as_bucket_view: bool
+    val_every: int
+    checkpoint_unit: str
+    max_restarts: int
+    pg_timeout_s: int
+    nccl_env: dict[str, str] | None
+    script: str | None
+    script_args: list[str] | None
+    restarts: int
     command: list[str] | None
     exit_code: int | None
     epoch: int
@@ -107,6 +205,7 @@ class RunOut(BaseModel):
     samples_per_s: float
     heartbeat_at: datetime | None
     final_loss: MetricValue | None
+    gpus: list[NodeIn] | None = Field(default=None, description="Each node's GPUs, as its trainer reported them.")
 
 
 class RunDetail(RunOut):
@@ -139,15 +238,49 @@ class ProgressIn(BaseModel):
     total_steps: int = Field(ge=0)
     samples_per_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     finished: bool = False
+    restart: int = Field(default=0, ge=0, le=1_000_000)
+
+
+HostName = Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_HOST_LENGTH)]
+
+
+class GpuIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(ge=0, le=1023, strict=True)
+    uuid: str = Field(max_length=100)
+    name: str = Field(max_length=200)
+
+
+class NodeIn(BaseModel):
+    """One node's GPU inventory (`wire.Node`): its GPUs, or why NVML gave none."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: HostName
+    gpus: list[GpuIn] = Field(default_factory=list, max_length=wire.MAX_GPUS_PER_NODE)
+    nvml_error: str | None = Field(default=None, max_length=wire.MAX_NVML_ERROR_LENGTH)
+
+
+class HeartbeatIn(BaseModel):
+    """One rank's "alive at this step" (`wire.Heartbeat`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(ge=0, le=1_000_000, strict=True)
+    host: HostName
+    step: int = Field(ge=0, le=2**31 - 1, strict=True)  # the run_ranks column is a 32-bit integer
 
 
 class BatchIn(BaseModel):
-    """A batch of metric points from a trainer, with its progress; see `trainer.wire`."""
+    """A batch of metric points from a trainer, with its progress, node inventory and heartbeat; see `trainer.wire`."""
 
     model_config = ConfigDict(extra="forbid")
 
     points: list[PointIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
     progress: ProgressIn | None = None
+    node: NodeIn | None = None
+    heartbeat: HeartbeatIn | None = None
 
 
 class IngestResult(BaseModel):
@@ -233,3 +366,100 @@ class FolderOut(BaseModel):
     path: str
     entries: list[EntryOut]
     disk: DiskOut
+
+
+class GpuHolderOut(BaseModel):
+    """A run that holds a GPU: it was given the GPU (`devices`), or one of its processes uses it (NVML)."""
+
+    run_id: int
+    name: str
+    status: RunStatus
+    by_devices: bool = Field(description="The launcher gave the run this GPU.")
+    memory: int = Field(description="Bytes of GPU memory its processes hold, as NVML lists them.")
+
+
+class GpuProcessOut(BaseModel):
+    pid: int
+    memory: int
+    run_id: int | None = Field(description="The run the process belongs to; null for anyone else's.")
+
+
+class HostGpuOut(BaseModel):
+    """One GPU of this server's host, now. A value NVML could not read is null, with the reason in `errors`."""
+
+    index: int
+    uuid: str
+    name: str
+    util: float | None = Field(description="Percent of the last sample period a kernel ran.")
+    mem_used: float | None = Field(description="Bytes.")
+    mem_total: float | None = Field(description="Bytes.")
+    temp: float | None = Field(description="°C.")
+    power: float | None = Field(description="Watts.")
+    power_limit: float | None = Field(description="Watts.")
+    sm_clock: float | None = Field(description="MHz.")
+    processes: list[GpuProcessOut]
+    held_by: list[GpuHolderOut]
+    errors: dict[str, str]
+
+
+class HostOut(BaseModel):
+    """This server's host: its GPUs, or why NVML found none, and its CPU and memory."""
+
+    host: str
+    nvml_error: str | None = Field(description="Why there are no GPUs: NVML's own reason; null when NVML works.")
+    gpus: list[HostGpuOut]
+    cpu_percent: float | None
+    mem_used: float | None
+    mem_total: float | None
+
+
+class ChartRankOut(BaseModel):
+    """One rank's buckets, by step: each bucket's last step, and its min, max (ignoring NaN) and last value."""
+
+    step: list[int] = Field(description="The highest step in each bucket: where its `last` value was reported.")
+    min: list[MetricValue] = Field(description='"NaN" for a bucket that holds only NaN.')
+    max: list[MetricValue] = Field(description='"NaN" for a bucket that holds only NaN.')
+    last: list[MetricValue] = Field(description="The value at the bucket's highest step.")
+
+
+class ChartOut(BaseModel):
+    """A series downsampled for a chart: at most `width` buckets per rank, each with its min, max and last value."""
+
+    key: str
+    start_step: int
+    end_step: int
+    bucket_steps: int = Field(
+        description="Steps per bucket: 1 when the range has no more steps than the width; otherwise rounded up to a "
+        "whole pre-aggregated tier (a multiple of 16), and buckets then start at start_step rounded down to that tier."
+    )
+    ranks: dict[str, ChartRankOut] = Field(description="Per rank (as a string), its buckets; empty without points.")
+
+
+class StalledRankOut(BaseModel):
+    """A rank whose heartbeat went stale."""
+
+    rank: int
+    host: str
+    step: int = Field(description="The last step the rank reported.")
+    heartbeat_at: datetime
+    silent_s: float = Field(description="Seconds since that heartbeat.")
+
+
+class GpuSpinOut(BaseModel):
+    """GPUs busy but drawing little power over the last 30 s: means over those that show it."""
+
+    gpus: int = Field(description="How many GPUs show it ...")
+    of: int = Field(description="... of how many with util and power samples in the window.")
+    util: float = Field(description="%")
+    power: float = Field(description="W")
+    power_limit: float = Field(description="W")
+
+
+class HealthOut(BaseModel):
+    """Whether a running run progresses; "ok" for a run in any other state."""
+
+    state: Literal["ok", "not_progressing", "hung_collective"]
+    message: str = Field(description="The sentence a person reads; empty when ok.")
+    stalled: list[StalledRankOut]
+    behind: list[int] = Field(description="Ranks whose last step is below the highest rank's.")
+    gpu: GpuSpinOut | None = Field(description="The hung-collective signature, when that is what the GPUs show.")

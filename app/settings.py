@@ -22,18 +22,24 @@ class Settings(BaseSettings):
         description="Checkpoints, logs and datasets. Default: /mnt/shared where it exists and is writable, "
         "else <data_dir>/shared.",
     )
+    scripts_dir: Path | None = Field(
+        default=None, description="Besides the shared folder, where runs may find training scripts of their own."
+    )
     database_url: str | None = Field(default=None, description="Overrides the SQLite file, e.g. postgresql+psycopg://")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     public_url: str | None = Field(default=None, description="How trainers reach this server; default from host:port.")
     stop_grace_s: float = Field(default=60.0, gt=0, description="SIGTERM to SIGKILL, when a run is stopped.")
     supervise_interval_s: float = Field(default=0.5, gt=0, description="How often run processes are checked.")
+    stall_after_s: float = Field(
+        default=60.0, gt=0, description="A running run whose ranks' heartbeats are older than this is not progressing."
+    )
     slots: int | None = Field(
         default=None, ge=1, description="Processes the local launcher may run at once; default: GPUs, else CPU cores."
     )
     _shared_fallback: bool = PrivateAttr(default=False)
 
-    @field_validator("data_dir", "shared_dir")
+    @field_validator("data_dir", "shared_dir", "scripts_dir")
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:
         return None if path is None else path.expanduser().resolve()
@@ -56,6 +62,11 @@ class Settings(BaseSettings):
     def shared_dir_is_fallback(self) -> bool:
         """True when /mnt/shared was unusable and a folder under the data directory stands in for it."""
         return self._shared_fallback
+
+    @property
+    def script_roots(self) -> list[Path]:
+        """The folders a run's script may be in."""
+        return [self.shared, *([self.scripts_dir] if self.scripts_dir else [])]
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -167,6 +167,7 @@ class Trainer:
         self.loss = self.grad_norm = math.nan  # the last step's, averaged over ranks
         self.epoch_losses: list[float] = []  # every step's loss so far in this epoch, each averaged over ranks
         self.throughput = Throughput()
+        self.started, self.first_step = time.perf_counter(), 0  # when and where train() began, for the final rate
         self.times = RankTimes()
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
@@ -286,6 +287,7 @@ class Trainer:
             f"on {self.device}"
         )
         sampler = gpu.start_sampling()  # this node's GPUs, from its local rank 0 only
+        self.started, self.first_step = time.perf_counter(), self.step
         while self.epoch <= config.epochs:
             stopped = self._run_epoch()
             finished = self.step == self.total_steps
@@ -482,7 +484,9 @@ class Trainer:
 
     def _finish(self) -> None:
         """Record that the training completed: a final progress for the server, a marker in the run folder."""
-        self.cluster.say(f"finished after {self.step} steps, final loss {self.loss:.4f}")
+        seconds = time.perf_counter() - self.started
+        rate = (self.step - self.first_step) / seconds if seconds > 0 else math.nan
+        self.cluster.say(f"finished after {self.step} steps, final loss {self.loss:.4f}, {rate:.1f} steps/s")
         if not self.cluster.is_main:
             return
         report.progress(self._progress(finished=True))

@@ -78,7 +78,6 @@ NCCL_ENV = (
 )  # fmt: skip
 
 
-
 def cuda_only(*, precision: str, sync_batchnorm: bool) -> dict[str, str]:
     """The options among these that work only on CUDA devices, each with why: {option: reason}."""
     reasons = {

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.deps import LauncherDep, SessionDep
+from app.deps import LauncherDep, SessionDep, SettingsDep
 from app.errors import InvalidToken
 from app.models import Run, RunStatus
 from app.schemas import (
@@ -16,13 +16,14 @@ from app.schemas import (
     CheckpointOut,
     CheckpointRemoval,
     Deletion,
+    HealthOut,
     IngestResult,
     RunCreate,
     RunDetail,
     RunPage,
     SeriesOut,
 )
-from app.services import checkpoints, files, metrics, runs
+from app.services import checkpoints, files, health, metrics, runs
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 bearer = HTTPBearer(auto_error=False, description="The per-run token the launcher gives the trainer.")
@@ -57,9 +58,21 @@ def get_run(run_id: int, db: SessionDep) -> Run:
     return runs.get_run(db, run_id=run_id)
 
 
+@router.get("/{run_id}/health", response_model=HealthOut,
+            summary="Is a running run progressing: stalled ranks; GPUs spinning in a hung collective")  # fmt: skip
+def run_health(run_id: int, db: SessionDep, settings: SettingsDep) -> health.Health:
+    return health.run_health(db, run_id=run_id, stall_after_s=settings.stall_after_s)
+
+
 @router.post("/{run_id}/stop", status_code=202, response_model=RunDetail, summary="Stop a run gracefully")
 def stop_run(run_id: int, db: SessionDep, launcher: LauncherDep) -> Run:
     return runs.stop_run(db, run_id=run_id, launcher=launcher)
+
+
+@router.post("/{run_id}/resume", status_code=202, response_model=RunDetail,
+             summary="Resume a stopped, failed or lost run from its newest snapshot, as the same run")  # fmt: skip
+def resume_run(run_id: int, db: SessionDep, launcher: LauncherDep) -> Run:
+    return runs.resume_run(db, run_id=run_id, launcher=launcher)
 
 
 @router.get("/{run_id}/metrics", summary="The metric keys a run has reported")

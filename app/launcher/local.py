@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +19,17 @@ from app.settings import Settings
 from trainer import wire
 
 EXIT_FILE = "exit.json"
+LAUNCHER_LOG = "launcher.log"  # torchrun's own output; the ranks' goes to ranks/
+# The run's columns that `python -m trainer` takes as flags of the same names.
+TRAINER_OPTIONS = (
+    "workload", "epochs", "batch_size", "lr", "optimizer", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip",
+    "grad_accum", "precision", "sync_batchnorm", "find_unused_parameters", "bucket_cap_mb", "gradient_as_bucket_view",
+    "val_every", "checkpoint_every", "checkpoint_unit", "seed", "pg_timeout_s", "keep_last", "keep_best",
+    "best_metric",
+)  # fmt: skip
+LAUNCHER_LOG_READ = 4 * 1024 * 1024  # torchrun's agent says little: its failures are in the end of the file
+# What torchrun's agent logs when a worker dies: "failed (exitcode: -9) local_rank: 1 (pid: 15366) of binary: ..."
+WORKER_FAILURE = re.compile(rb"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 
 
 @dataclass(frozen=True)
@@ -60,19 +73,20 @@ class LocalLauncher:
 
     def trainer_command(self, run: Run) -> list[str]:
         """The torchrun command line of a run, as a list: no shell ever sees it."""
-        return [
+        torchrun = [
             sys.executable, "-m", "torch.distributed.run",
             "--standalone", f"--nproc-per-node={run.nproc_per_node}",
             "--log-dir", str(self.run_dir(run) / "ranks"), "--redirects", "3",
-            "--max-restarts", "0",
-            "-m", "trainer",
-            "--workload", run.workload, "--epochs", str(run.epochs), "--batch-size", str(run.batch_size),
-            "--lr", repr(run.lr), "--checkpoint-every", str(run.checkpoint_every), "--seed", str(run.seed),
-            "--checkpoint-dir", str(self.checkpoint_dir(run)),
-            "--keep-last", str(run.keep_last), "--keep-best", str(run.keep_best), "--best-metric", run.best_metric,
-            *(["--init-from", str(self.settings.shared / run.init_from),
-               "--init-optimizer", str(run.init_optimizer).lower()] if run.init_from else []),
+            "--max-restarts", str(run.max_restarts),
         ]  # fmt: skip
+        if run.script:
+            return [*torchrun, run.script, *(run.script_args or [])]
+        options = {name: getattr(run, name) for name in TRAINER_OPTIONS}
+        if run.init_from:
+            options.update(init_from=str(self.settings.shared / run.init_from), init_optimizer=run.init_optimizer)
+        flags = [(f"--{name.replace('_', '-')}", _flag_value(value)) for name, value in options.items()]
+        return [*torchrun, "-m", "trainer", *itertools.chain.from_iterable(flags),
+                "--checkpoint-dir", str(self.checkpoint_dir(run))]  # fmt: skip
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Starts the run's torchrun under the exit-recording waiter, in a process session of its own."""
@@ -83,7 +97,9 @@ class LocalLauncher:
         launch_id = uuid.uuid4().hex
         command = self.trainer_command(run)
         waiter = [sys.executable, "-m", "app.launcher.waiter", str(run_dir / EXIT_FILE), "--", *command]
-        with open(run_dir / "launcher.log", "ab") as log:
+        with open(run_dir / LAUNCHER_LOG, "ab") as log:
+            log.write(_launch_marker(launch_id))  # a resumed run appends: this says where its launch begins
+            log.flush()
             child = subprocess.Popen(
                 waiter, cwd=run_dir, env=self._environment(run, token, launch_id, devices),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -106,7 +122,21 @@ class LocalLauncher:
         })  # fmt: skip
         if self.gpu_count:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+        env.update(run.nccl_env or {})
         return env
+
+    def worker_failures(self, run: Run) -> list[str]:
+        """Each worker death torchrun has logged for this launch, oldest first, as a person reads it."""
+        try:
+            with open(self.run_dir(run) / LAUNCHER_LOG, "rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(0, size - LAUNCHER_LOG_READ))
+                text = log.read()
+        except FileNotFoundError:
+            return []
+        begins = text.rfind(_launch_marker(run.launch_id or ""))
+        this_launch = text[begins:] if begins >= 0 else text
+        return [_describe_failure(*match.groups()) for match in WORKER_FAILURE.finditer(this_launch)]
 
     def exit_code(self, run: Run) -> int | None:
         """The exit code the waiter recorded, or None while the run has not ended (or its waiter was killed)."""
@@ -140,3 +170,19 @@ class LocalLauncher:
         for pid, child in list(self._children.items()):
             if child.poll() is not None:
                 del self._children[pid]
+
+
+def _launch_marker(launch_id: str) -> bytes:
+    return f"--- rankboard launch {launch_id} ---\n".encode()
+
+
+def _flag_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _describe_failure(exit_code: bytes, local_rank: bytes, pid: bytes) -> str:
+    code = int(exit_code)
+    how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else ""
+    return f"local rank {int(local_rank)} (pid {int(pid)}) {how or f'exited with {code}'}"

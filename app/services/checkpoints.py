@@ -86,7 +86,12 @@ def checked_init_from(root: Path, init_from: str) -> str:
 
 def projected_size(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> tuple[int, int, str] | None:
     """(bytes per checkpoint, how many the run keeps, where the size comes from), or None with nothing to go by."""
-    kept = spec.keep_last + spec.keep_best or math.ceil(spec.epochs / spec.checkpoint_every)
+    if spec.script:
+        return None  # a script writes what it wants, where it wants
+    by_epoch = math.ceil(spec.epochs / spec.checkpoint_every) if spec.checkpoint_unit == "epoch" else None
+    kept = spec.keep_last + spec.keep_best or by_epoch
+    if kept is None:
+        return None  # every N steps, with no limit: the server does not know a workload's steps per epoch
     if spec.init_from:
         return (launcher.settings.shared / spec.init_from).stat().st_size, kept, "the checkpoint it starts from"
     for run in run_store.recent_runs(db, workload=spec.workload, limit=20):
@@ -96,14 +101,19 @@ def projected_size(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> 
     return None
 
 
-def _newest_size(folder: Path) -> int | None:
-    """Bytes of the folder's highest-step checkpoint, found by name alone (no metadata read)."""
+def newest_checkpoint(folder: Path) -> str | None:
+    """The name of the folder's highest-step checkpoint, found by name alone (no metadata read)."""
     if not folder.is_dir():
         return None
     with os.scandir(folder) as entries:
-        named = [(wire.checkpoint_step(e.name), e) for e in entries if e.name.endswith(".pt")]
-    checkpoints = [(step, e) for step, e in named if step is not None]
-    return max(checkpoints, key=lambda c: c[0])[1].stat(follow_symlinks=False).st_size if checkpoints else None
+        named = [(wire.checkpoint_step(e.name), e.name) for e in entries if e.name.endswith(".pt")]
+    steps = [(step, name) for step, name in named if step is not None]
+    return max(steps)[1] if steps else None
+
+
+def _newest_size(folder: Path) -> int | None:
+    name = newest_checkpoint(folder)
+    return (folder / name).stat(follow_symlinks=False).st_size if name else None
 
 
 def check_disk_room(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> None:

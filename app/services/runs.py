@@ -6,18 +6,22 @@ import hashlib
 import secrets
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from app.errors import FieldInvalid, RunNotActive, RunNotFound
+from app.errors import FieldInvalid, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
-from app.services import checkpoints, files, metrics
+from app.services import checkpoints, files, health, metrics, storage
 from app.store import metrics as metric_store
 from app.store import runs as run_store
+from trainer import wire
 
 ACTIVE = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
+RESUMABLE = (RunStatus.stopped, RunStatus.failed, RunStatus.lost)
+SCRIPT_WORKLOAD = "script"  # the workload of a run of the user's own script
 
 
 def hash_token(token: str) -> str:
@@ -38,18 +42,69 @@ def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int)
 
 def create_run(db: Session, *, spec: RunCreate, launcher: LocalLauncher) -> Run:
     """Stores a new run in `queued`; the supervisor starts it when its processes fit on this host."""
-    if spec.nproc_per_node > launcher.capacity:
-        what = f"{launcher.gpu_count} GPUs" if launcher.gpu_count else f"{launcher.capacity} process slots"
-        raise FieldInvalid("nproc_per_node", f"this host has {what}; ask for at most {launcher.capacity}")
+    _check_fits_host(spec, launcher=launcher)
     with db.begin():
         if spec.init_from:
             spec = spec.model_copy(update={"init_from": checkpoints.checked_init_from(launcher.settings.shared,
                                                                                        spec.init_from)})  # fmt: skip
+        if spec.script:
+            script = checked_script(launcher.settings.script_roots, spec.script)
+            spec = spec.model_copy(update={"script": script, "workload": SCRIPT_WORKLOAD})
         checkpoints.check_disk_room(db, spec, launcher=launcher)
         run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="")
         db.add(run)
         db.flush()
         run_store.set_status(db, run, RunStatus.queued, "created; waiting for free process slots")
+    return run
+
+
+def _check_fits_host(spec: RunCreate, *, launcher: LocalLauncher) -> None:
+    """What the schema cannot know: this host's process slots, and whether it has the GPUs an option needs."""
+    if spec.nproc_per_node > launcher.capacity:
+        what = f"{launcher.gpu_count} GPUs" if launcher.gpu_count else f"{launcher.capacity} process slots"
+        raise FieldInvalid("nproc_per_node", f"this host has {what}; ask for at most {launcher.capacity}")
+    if launcher.gpu_count:
+        return
+    for option, reason in wire.cuda_only(precision=spec.precision, sync_batchnorm=spec.sync_batchnorm).items():
+        raise FieldInvalid(option, f"this host has no GPU: {reason}")
+    if spec.nccl_env:
+        raise FieldInvalid("nccl_env", "this host has no GPU, so runs use gloo and NCCL never reads these variables")
+
+
+def checked_script(roots: Sequence[Path], script: str) -> str:
+    """The real path of a run's own script: a .py file inside one of the roots (a relative path is in the first,
+    the shared folder). Raises FieldInvalid saying what is wrong."""
+    path = Path(script)
+    try:
+        if path.is_absolute():
+            root = next((root for root in roots if path.is_relative_to(root)), None)
+            if root is None:
+                allowed = " or ".join(str(root) for root in roots)
+                raise FieldInvalid("script", f"{script!r} is outside the folders scripts may be in ({allowed})")
+            resolved = storage.existing(root, str(path.relative_to(root)))
+        else:
+            resolved = storage.existing(roots[0], script)
+    except (PathOutsideRoot, PathNotFound) as error:
+        raise FieldInvalid("script", error.message) from None
+    if not resolved.is_file() or resolved.suffix != ".py":
+        raise FieldInvalid("script", f"{script!r} is not a Python file (*.py)")
+    return str(resolved)
+
+
+def resume_run(db: Session, *, run_id: int, launcher: LocalLauncher) -> Run:
+    """Queues a stopped, failed or lost run again: it continues as the same run from its newest snapshot."""
+    with db.begin():
+        run = get_run(db, run_id=run_id)
+        if run.status not in RESUMABLE:
+            raise RunNotActive(f"run {run_id} is {run.status.value}; only a stopped, failed or lost run can resume")
+        snapshot = checkpoints.newest_checkpoint(launcher.checkpoint_dir(run))
+        if snapshot is None and not run.script:
+            raise RunNotActive(f"run {run_id} has no checkpoint to resume from; start a new run instead")
+        run.finished_at = run.exit_code = run.stop_requested_at = run.final_loss = None
+        run.token_hash = run.pid = run.pid_start_ticks = run.launch_id = None
+        run.restarts = 0
+        where = f"from {snapshot}" if snapshot else "(its script resumes itself)"
+        run_store.set_status(db, run, RunStatus.queued, f"resume requested: continues {where}")
     return run
 
 
@@ -70,10 +125,13 @@ def stop_run(db: Session, *, run_id: int, launcher: LocalLauncher) -> Run:
 
 
 def supervise(db: Session, *, launcher: LocalLauncher, grace: timedelta) -> None:
-    """One tick: end the runs whose processes ended, escalate stops past their grace, start what fits."""
+    """One tick: end the runs whose processes ended, escalate stops past their grace, note the live runs that stopped
+    progressing (or move again), start what fits."""
+    stall_after = timedelta(seconds=launcher.settings.stall_after_s)
     with db.begin():
         for run in run_store.runs_with_status(db, ACTIVE):
             _check_active(db, run, launcher=launcher, grace=grace)
+            health.record(db, run, now=utcnow(), stall_after=stall_after)  # only a run still running, so alive
         _start_queued(db, launcher=launcher)
 
 
@@ -87,6 +145,20 @@ def _check_active(db: Session, run: Run, *, launcher: LocalLauncher, grace: time
     elif run.stop_requested_at is not None and utcnow() - run.stop_requested_at > grace:
         killed = launcher.kill(run)
         run_store.set_status(db, run, RunStatus.stopping, f"grace period over: killed {killed} processes")
+    else:
+        _record_restarts(db, run, launcher=launcher)
+
+
+def _record_restarts(db: Session, run: Run, *, launcher: LocalLauncher) -> None:
+    """An event for each restart torchrun made since the last tick, saying which rank died and how."""
+    if not run.max_restarts:
+        return
+    # Each failure torchrun logs is followed by a restart, until max_restarts are spent; the last one ends the run.
+    failures = launcher.worker_failures(run)[: run.max_restarts]
+    for failure in failures[run.restarts :]:
+        run.restarts += 1
+        reason = f"restart {run.restarts} of {run.max_restarts}: {failure}; the workers resume from the newest snapshot"
+        run_store.set_status(db, run, run.status, reason)
 
 
 def _finish(db: Session, run: Run, *, launcher: LocalLauncher, exit_code: int | None) -> None:

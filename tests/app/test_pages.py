@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from app.forms import as_form_text
 from app.schemas import RunCreate
+
+FORM_DEFAULTS = as_form_text(RunCreate().model_dump())  # what the form posts when nothing is changed
 
 
 def test_empty_runs_list_says_what_to_do_and_offers_the_demo(client: TestClient) -> None:
@@ -15,10 +18,10 @@ def test_empty_runs_list_says_what_to_do_and_offers_the_demo(client: TestClient)
 
 
 def test_demo_button_creates_a_run_and_opens_its_page(client: TestClient) -> None:
-    response = client.post("/runs", data=RunCreate().model_dump(), follow_redirects=False)
+    response = client.post("/runs", data={}, follow_redirects=False)  # what the button posts: every default
     assert response.status_code == 303
     run_page = client.get(response.headers["location"])
-    assert "queued" in run_page.text and 'sse-connect="/runs/1/stream"' in run_page.text
+    assert "queued" in run_page.text and 'sse-connect="/runs/1/stream?after=0"' in run_page.text
 
 
 def test_form_shows_each_fields_default_and_range(client: TestClient) -> None:
@@ -29,7 +32,7 @@ def test_form_shows_each_fields_default_and_range(client: TestClient) -> None:
 
 
 def test_a_wrong_value_is_explained_next_to_its_field_and_nothing_is_created(client: TestClient) -> None:
-    data = {**RunCreate().model_dump(), "epochs": "0", "lr": "fast", "name": "kept"}
+    data = {**FORM_DEFAULTS, "epochs": "0", "lr": "fast", "name": "kept"}
     response = client.post("/runs", data=data)
     assert response.status_code == 422
     assert 'id="e-epochs"' in response.text and "greater than or equal to 1" in response.text
@@ -39,7 +42,7 @@ def test_a_wrong_value_is_explained_next_to_its_field_and_nothing_is_created(cli
 
 
 def test_too_many_processes_is_explained_on_the_form(client: TestClient) -> None:
-    response = client.post("/runs", data={**RunCreate().model_dump(), "nproc_per_node": "64"})
+    response = client.post("/runs", data={**FORM_DEFAULTS, "nproc_per_node": "64"})
     assert response.status_code == 422 and 'id="e-nproc_per_node"' in response.text
     assert "at most 2" in response.text
 

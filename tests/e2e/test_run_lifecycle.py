@@ -6,39 +6,13 @@ import os
 import signal
 from datetime import datetime
 
-import httpx
 import pytest
 import torch
 
-from app.launcher import processes
+from tests.e2e.runs import FINAL, create, loss_steps, output, wait_status, worker_pid
 from tests.live import LiveServer, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
-FINAL = {"succeeded", "failed", "stopped", "lost"}
-
-
-def create(api: httpx.Client, **options: object) -> dict:
-    response = api.post("/api/runs", json={"name": "e2e", "nproc_per_node": 2, **options})
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-def wait_status(api: httpx.Client, run_id: int, statuses: set[str], timeout: float) -> dict:
-    def reached() -> dict | None:
-        run = api.get(f"/api/runs/{run_id}").json()
-        return run if run["status"] in statuses else None
-
-    return wait_for(reached, timeout, what=f"run {run_id} to become one of {sorted(statuses)}")  # type: ignore[no-any-return]
-
-
-def loss_steps(api: httpx.Client, run_id: int) -> list[tuple[int, float]]:
-    points = api.get(f"/api/runs/{run_id}/metrics/loss", params={"limit": 100_000}).json()["points"]
-    return [(p["step"], p["value"]) for p in points]
-
-
-def output(server: LiveServer, run_id: int) -> str:
-    with server.api() as api:
-        return "\n".join(line for o in api.get(f"/api/runs/{run_id}/output").json() for line in o["lines"])
 
 
 def test_a_run_trains_reports_every_step_once_and_leaves_loadable_checkpoints(live_server: LiveServer) -> None:
@@ -97,12 +71,6 @@ def test_a_run_whose_rank_dies_ends_failed_and_leaves_no_process(live_server: Li
         done = wait_status(api, run["id"], FINAL, timeout=120)
     assert done["status"] == "failed" and "exited with" in done["status_reason"]
     assert run_processes(live_server.root) == []
-
-
-def worker_pid(server: LiveServer, *, local_rank: int) -> int:
-    """The pid of one trainer worker: torchrun gives only workers a LOCAL_RANK."""
-    (pid,) = set(run_processes(server.root)) & set(processes.pids_with_env("LOCAL_RANK", str(local_rank)))
-    return pid
 
 
 def test_a_run_waits_queued_until_the_running_one_frees_its_processes(live_server: LiveServer) -> None:
