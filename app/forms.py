@@ -28,8 +28,13 @@ class FormField:
     def range_text(self) -> str:
         if self.minimum is None and self.maximum is None:
             return ""
-        low = "above 0" if self.minimum is None else f"{self.minimum:g}"
-        return f"{low} to {self.maximum:g}" if self.maximum is not None else f"at least {low}"
+        low = "above 0" if self.minimum is None else _number(self.minimum)
+        return f"{low} to {_number(self.maximum)}" if self.maximum is not None else f"at least {low}"
+
+
+def _number(value: float) -> str:
+    """10000000 as "10,000,000" rather than "1e+07"; a fraction as itself."""
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
 LABELS = {

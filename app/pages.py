@@ -131,7 +131,7 @@ def delete_checkpoints(
 ) -> Response:
     run = runs.get_run(db, run_id=run_id)
     checkpoints.delete_checkpoints(run, names=name, dry_run=False, launcher=launcher)
-    return HTMLResponse(render_block(templates_of(request), "run.html", "status", run_context(run, launcher)))
+    return HTMLResponse(render_block(templates_of(request), "run.html", "files", run_context(run, launcher)))
 
 
 @router.get("/host", response_class=HTMLResponse)
@@ -178,6 +178,7 @@ def run_stream(
             return Snapshot(
                 points,
                 render_block(templates, "run.html", "status", context),
+                render_block(templates, "run.html", "files", context),
                 render_block(templates, "run.html", "output", context),
                 run.status.is_final,
             )

@@ -27,6 +27,7 @@ class Snapshot:
 
     points: list[StoredPoint]
     status_html: str
+    files_html: str  # checkpoints and history
     output_html: str
     final: bool
 
@@ -35,6 +36,7 @@ class Snapshot:
 class StreamState:
     after_id: int
     status_html: str = ""
+    files_html: str = ""
     output_html: str = ""
 
 
@@ -69,6 +71,9 @@ async def run_events(
         if snap.status_html != state.status_html:
             state.status_html = snap.status_html
             yield message("status", snap.status_html)
+        if snap.files_html != state.files_html:
+            state.files_html = snap.files_html
+            yield message("files", snap.files_html)
         if snap.output_html != state.output_html:
             state.output_html = snap.output_html
             yield message("output", snap.output_html)

@@ -27,7 +27,7 @@ def test_demo_button_creates_a_run_and_opens_its_page(client: TestClient) -> Non
 def test_form_shows_each_fields_default_and_range(client: TestClient) -> None:
     page = client.get("/runs/new").text
     assert 'name="epochs" type="number" value="10"' in page
-    assert "Default 10; 1 to 100000." in page
+    assert "Default 10; 1 to 100,000." in page
     assert "Default 2; 1 to 2." in page  # processes per node: capped at what this host can run
 
 

@@ -109,7 +109,7 @@ def test_the_form_offers_each_option_with_its_default_and_turns_lines_into_lists
     page = client.get("/runs/new").text
     for name in ("optimizer", "lr_schedule", "precision", "grad_accum", "max_restarts", "script", "nccl_env"):
         assert f'name="{name}"' in page
-    assert '<option value="adamw" selected>' in page and "Default 25; 1 to 1024." in page  # bucket_cap_mb
+    assert '<option value="adamw" selected>' in page and "Default 25; 1 to 1,024." in page  # bucket_cap_mb
     values = as_form_text(RunCreate().model_dump()) | {"grad_accum": "2", "script_args": ""}
     response = client.post("/runs", data=values, follow_redirects=False)
     assert response.status_code == 303

@@ -32,10 +32,11 @@ def test_a_finished_runs_stream_sends_everything_then_ends(client: TestClient, r
     finish(client, run_id)
     received = events(client.get(f"/runs/{run_id}/stream").text)
     kinds = [kind for kind, _, _ in received]
-    assert kinds == ["points", "status", "output", "end"]
+    assert kinds == ["points", "status", "files", "output", "end"]
     points = json.loads(received[0][1])["series"]["loss"]
     assert points["steps"] == [1, 2, 3] and points["ranks"] == [0, 0, 0]
     assert 'id="status"' in received[1][1] and "succeeded" in received[1][1]
+    assert "<h2>Checkpoints</h2>" in received[2][1] and "<h2>History</h2>" in received[2][1]
 
 
 def test_a_reconnecting_page_gets_only_what_it_has_not_seen(client: TestClient, run_id: int) -> None:
