@@ -160,7 +160,7 @@ class TrainConfig:
         return [
             arg
             for f in dataclasses.fields(self)
-            for arg in (f"--{f.name.replace('_', '-')}", _argv_value(getattr(self, f.name)))
+            for arg in (f"--{f.name.replace('_', '-')}", wire.flag_value(getattr(self, f.name)))
         ]
 
     def needs_cuda(self) -> list[str]:
@@ -178,10 +178,6 @@ def _parse_bool(text: str) -> bool:
     if text.lower() not in words:
         raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
     return words[text.lower()]
-
-
-def _argv_value(value: object) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def _check_choice(name: str, value: object, choices: Sequence[str]) -> None:

@@ -118,8 +118,7 @@ class RankTimes:
     """This rank's time per step, split into waiting for data and computing, averaged since the last report."""
 
     def __init__(self) -> None:
-        self.data_s = self.compute_s = 0.0
-        self.steps = 0
+        self.data_s, self.compute_s, self.steps = 0.0, 0.0, 0
 
     def add(self, data_s: float, compute_s: float) -> None:
         self.data_s, self.compute_s, self.steps = self.data_s + data_s, self.compute_s + compute_s, self.steps + 1
@@ -128,7 +127,7 @@ class RankTimes:
         """[step, data, compute] milliseconds per step, and start counting afresh."""
         steps = max(self.steps, 1)
         data, compute = 1000 * self.data_s / steps, 1000 * self.compute_s / steps
-        self.__init__()  # type: ignore[misc]
+        self.data_s, self.compute_s, self.steps = 0.0, 0.0, 0
         return [data + compute, data, compute]
 
 
@@ -167,7 +166,6 @@ class Trainer:
         self.loss = self.grad_norm = math.nan  # the last step's, averaged over ranks
         self.epoch_losses: list[float] = []  # every step's loss so far in this epoch, each averaged over ranks
         self.throughput = Throughput()
-        self.started, self.first_step = time.perf_counter(), 0  # when and where train() began, for the final rate
         self.times = RankTimes()
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.precision)
         self.scaler = torch.amp.GradScaler(device.type, enabled=config.precision == "fp16")
@@ -287,7 +285,7 @@ class Trainer:
             f"on {self.device}"
         )
         sampler = gpu.start_sampling()  # this node's GPUs, from its local rank 0 only
-        self.started, self.first_step = time.perf_counter(), self.step
+        self.started, self.first_step = time.perf_counter(), self.step  # for the rate the last line reports
         while self.epoch <= config.epochs:
             stopped = self._run_epoch()
             finished = self.step == self.total_steps

@@ -78,6 +78,11 @@ NCCL_ENV = (
 )  # fmt: skip
 
 
+def flag_value(value: object) -> str:
+    """An option's value as `python -m trainer` takes it on its command line: booleans as true/false."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 def cuda_only(*, precision: str, sync_batchnorm: bool) -> dict[str, str]:
     """The options among these that work only on CUDA devices, each with why: {option: reason}."""
     reasons = {

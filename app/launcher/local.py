@@ -16,7 +16,7 @@ from pathlib import Path
 from app.launcher import processes
 from app.models import Run
 from app.settings import Settings
-from trainer import wire
+from trainer import gpu, wire
 
 EXIT_FILE = "exit.json"
 LAUNCHER_LOG = "launcher.log"  # torchrun's own output; the ranks' goes to ranks/
@@ -29,7 +29,8 @@ TRAINER_OPTIONS = (
 )  # fmt: skip
 LAUNCHER_LOG_READ = 4 * 1024 * 1024  # torchrun's agent says little: its failures are in the end of the file
 # What torchrun's agent logs when a worker dies: "failed (exitcode: -9) local_rank: 1 (pid: 15366) of binary: ..."
-WORKER_FAILURE = re.compile(rb"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+WORKER_FAILURE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+LAUNCH_MARKER = "--- rankboard launch "  # begins the line written to launcher.log before each launch of a run
 
 
 @dataclass(frozen=True)
@@ -43,17 +44,17 @@ class Launch:
 
 
 def detect_gpu_count() -> int:
-    """GPUs NVML can see on this host; 0 without a driver (NVML is optional on the server)."""
+    """GPUs NVML can see on this host, through the same interface the samplers use; 0 without a driver."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no package, no library, no driver: all mean "no GPU here"
+        nvml = gpu.open_nvml()
+    except gpu.NvmlUnavailable:
         return 0
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    except nvml.NVMLError:
+        return 0
+    finally:
+        nvml.nvmlShutdown()
 
 
 class LocalLauncher:
@@ -84,7 +85,7 @@ class LocalLauncher:
         options = {name: getattr(run, name) for name in TRAINER_OPTIONS}
         if run.init_from:
             options.update(init_from=str(self.settings.shared / run.init_from), init_optimizer=run.init_optimizer)
-        flags = [(f"--{name.replace('_', '-')}", _flag_value(value)) for name, value in options.items()]
+        flags = [(f"--{name.replace('_', '-')}", wire.flag_value(value)) for name, value in options.items()]
         return [*torchrun, "-m", "trainer", *itertools.chain.from_iterable(flags),
                 "--checkpoint-dir", str(self.checkpoint_dir(run))]  # fmt: skip
 
@@ -98,7 +99,7 @@ class LocalLauncher:
         command = self.trainer_command(run)
         waiter = [sys.executable, "-m", "app.launcher.waiter", str(run_dir / EXIT_FILE), "--", *command]
         with open(run_dir / LAUNCHER_LOG, "ab") as log:
-            log.write(_launch_marker(launch_id))  # a resumed run appends: this says where its launch begins
+            log.write(f"{LAUNCH_MARKER}{launch_id} ---\n".encode())  # a resumed run appends: where this one begins
             log.flush()
             child = subprocess.Popen(
                 waiter, cwd=run_dir, env=self._environment(run, token, launch_id, devices),
@@ -131,12 +132,10 @@ class LocalLauncher:
             with open(self.run_dir(run) / LAUNCHER_LOG, "rb") as log:
                 size = log.seek(0, os.SEEK_END)
                 log.seek(max(0, size - LAUNCHER_LOG_READ))
-                text = log.read()
+                text = log.read().decode(errors="replace")
         except FileNotFoundError:
             return []
-        begins = text.rfind(_launch_marker(run.launch_id or ""))
-        this_launch = text[begins:] if begins >= 0 else text
-        return [_describe_failure(*match.groups()) for match in WORKER_FAILURE.finditer(this_launch)]
+        return [_describe_failure(*match.groups()) for match in WORKER_FAILURE.finditer(latest_launch(text))]
 
     def exit_code(self, run: Run) -> int | None:
         """The exit code the waiter recorded, or None while the run has not ended (or its waiter was killed)."""
@@ -172,17 +171,13 @@ class LocalLauncher:
                 del self._children[pid]
 
 
-def _launch_marker(launch_id: str) -> bytes:
-    return f"--- rankboard launch {launch_id} ---\n".encode()
+def latest_launch(text: str) -> str:
+    """What the latest launch of a run wrote to its launcher.log: a resumed run appends to the same file."""
+    begins = text.rfind(LAUNCH_MARKER)
+    return text[begins:] if begins >= 0 else text
 
 
-def _flag_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, float) else str(value)
-
-
-def _describe_failure(exit_code: bytes, local_rank: bytes, pid: bytes) -> str:
+def _describe_failure(exit_code: str, local_rank: str, pid: str) -> str:
     code = int(exit_code)
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else ""
     return f"local rank {int(local_rank)} (pid {int(pid)}) {how or f'exited with {code}'}"

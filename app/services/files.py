@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from app.launcher.local import LocalLauncher
 from app.models import Run
-
-TAIL_BYTES = 16_384
+from app.services import logs
 
 
 @dataclass(frozen=True)
@@ -23,32 +20,14 @@ class RankOutput:
 
 def rank_outputs(run: Run, *, launcher: LocalLauncher, lines: int = 20) -> list[RankOutput]:
     """The last `lines` lines of each rank's stdout and stderr, from torchrun's latest attempt."""
-    # torchrun --log-dir D --redirects 3 writes D/<rdzv id>_<random>/attempt_<n>/<local rank>/{stdout,stderr}.log
-    attempts = sorted((launcher.run_dir(run) / "ranks").glob("*/attempt_*"), key=lambda p: (p.stat().st_mtime, p.name))
-    if not attempts:
-        return []
     outputs = []
-    for rank_dir in sorted(attempts[-1].iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1):
-        if rank_dir.name.isdigit():
-            for stream in ("stdout", "stderr"):
-                text = tail(rank_dir / f"{stream}.log", lines)
-                outputs.append(RankOutput(int(rank_dir.name), stream, text))
+    for file in logs.log_files(run, launcher=launcher):
+        if file.rank is not None:
+            try:
+                outputs.append(RankOutput(file.rank, file.stream, logs.tail(file.path, lines).lines))
+            except FileNotFoundError:
+                continue  # deleted since it was listed
     return outputs
-
-
-def tail(path: Path, lines: int) -> list[str]:
-    """The last `lines` lines of a file, reading at most TAIL_BYTES from its end, never the whole file."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read()
-    except FileNotFoundError:
-        return []
-    text = data.decode("utf-8", errors="replace").splitlines()
-    if size > TAIL_BYTES:
-        text = text[1:]  # the first line read is probably cut
-    return text[-lines:]
 
 
 def checkpoint_failure(run: Run, *, launcher: LocalLauncher) -> str | None:

@@ -14,13 +14,11 @@ from pathlib import Path
 
 from app.diagnose import Diagnosis, LogText, diagnose
 from app.errors import FieldInvalid, PathNotFound
-from app.launcher.local import LocalLauncher
+from app.launcher.local import LAUNCHER_LOG, LocalLauncher, latest_launch
 from app.models import Run
 
 STREAMS = ("stdout", "stderr")
 LAUNCHER = "launcher"  # the rank segment that names the launcher's own output
-LAUNCHER_LOG = "launcher.log"  # torchrun's agent (and the waiter around it): stdout and stderr in one file
-LAUNCH_MARKER = "--- rankboard launch "  # the line the launcher writes there before each launch of a run
 BLOCK = 64 * 1024
 SCAN_BUDGET = 8 * 1024 * 1024  # what a filtered tail may read before it gives up on finding more matches
 READ_LIMIT = 256 * 1024  # one live read; a page that fell behind catches up over several polls
@@ -241,9 +239,8 @@ def diagnoses(run: Run, *, launcher: LocalLauncher) -> list[Diagnosis]:
 
 
 def _latest_launch(log: LogText) -> LogText:
-    """The launcher's output of the latest launch only: a resumed run appends to the same file after a marker."""
-    begins = log.text.rfind(LAUNCH_MARKER)
-    return log if begins < 0 else LogText(log.rank, log.stream, log.text[begins:], log.modified)
+    """The launcher's output of the latest launch only."""
+    return LogText(log.rank, log.stream, latest_launch(log.text), log.modified)
 
 
 def _tail_text(path: Path) -> str:
