@@ -71,16 +71,23 @@ def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
     return stored
 
 
-def read_series(db: Session, *, run_id: int, key: str, start_step: int, end_step: int | None, limit: int) -> SeriesOut:
-    """A page of one series by step; `next_step` continues it."""
+def read_series(
+    db: Session, *, run_id: int, key: str, start_step: int, start_rank: int, end_step: int | None, limit: int
+) -> SeriesOut:
+    """A page of one series by (step, rank) from the cursor (start_step, start_rank); `next_step` and `next_rank`
+    continue it."""
     runs.get_run(db, run_id=run_id)
     points = metric_store.points_in_range(
-        db, run_id=run_id, key=key, start_step=start_step, end_step=end_step, limit=limit + 1
+        db, run_id=run_id, key=key, start_step=start_step, start_rank=start_rank, end_step=end_step, limit=limit + 1
     )
-    next_step = points[limit].step if len(points) > limit else None
-    # A page never splits one step's ranks: drop the partial last step and start the next page there.
-    page = [p for p in points[:limit] if next_step is None or p.step < next_step] or points[:limit]
-    return SeriesOut(key=key, points=[_out(p) for p in page], next_step=next_step)
+    if len(points) <= limit:
+        return SeriesOut(key=key, points=[_out(p) for p in points], next_step=None, next_rank=None)
+    following = points[limit]
+    # A page ends at a whole step when it can, so a caller paging by step alone never sees one split; only a step
+    # with more ranks than `limit` is split, and next_rank says where in it the next page starts.
+    whole = [p for p in points[:limit] if p.step < following.step]
+    page, next_rank = (whole, 0) if whole else (points[:limit], following.rank)
+    return SeriesOut(key=key, points=[_out(p) for p in page], next_step=following.step, next_rank=next_rank)
 
 
 def _out(point: StoredPoint) -> PointOut:

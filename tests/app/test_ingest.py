@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.models import Run, RunStatus
-from tests.app.conftest import batch, post, series
+from tests.app.conftest import batch, post, ranks_at_each_step, read_all_pages, series
 from trainer import wire
 
 
@@ -104,3 +104,19 @@ def test_series_pages_by_step_range(client: TestClient, run_id: int) -> None:
     assert ([p["step"] for p in first["points"]], first["next_step"]) == ([1, 2, 3, 4], 5)
     ranged = client.get(f"/api/runs/{run_id}/metrics/loss", params={"start_step": 5, "end_step": 7}).json()
     assert ([p["step"] for p in ranged["points"]], ranged["next_step"]) == ([5, 6, 7], None)
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 4, 7])
+def test_paging_a_series_of_several_ranks_per_step_returns_each_point_once_and_ends(
+    client: TestClient, run_id: int, limit: int
+) -> None:
+    post(client, run_id, ranks_at_each_step(range(1, 6), ranks=3))
+    whole = [(step, rank) for step in range(1, 6) for rank in range(3)]
+    assert read_all_pages(client, run_id, "rank/step_ms", limit=limit) == whole
+
+
+def test_a_page_by_step_keeps_a_step_whole_when_it_can(client: TestClient, run_id: int) -> None:
+    post(client, run_id, ranks_at_each_step(range(1, 6), ranks=3))
+    page = client.get(f"/api/runs/{run_id}/metrics/rank/step_ms", params={"limit": 7}).json()
+    assert [(p["step"], p["rank"]) for p in page["points"]] == [(s, r) for s in (1, 2) for r in range(3)]
+    assert (page["next_step"], page["next_rank"]) == (3, 0)  # a caller paging by step alone loses nothing
