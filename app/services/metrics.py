@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidToken, RunNotActive
-from app.models import RunStatus, utcnow
+from app.models import Run, RunStatus, utcnow
 from app.schemas import BatchIn, IngestResult, PointIn, PointOut, SeriesOut
 from app.services import nodes, runs
 from app.store import charts as chart_store
@@ -34,14 +34,20 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
         stored = _store_points(db, run_id=run_id, points=batch.points)
         nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)
         if batch.progress is not None:
-            progress = batch.progress
-            run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
-            if progress.samples_per_s:  # the final report has no rate to give: keep the last measured one
-                run.samples_per_s = progress.samples_per_s
+            advance_progress(run, batch)
             run.heartbeat_at = utcnow()
             if run.status == RunStatus.starting:
                 run_store.set_status(db, run, RunStatus.running, "the trainer reported its first progress")
     return IngestResult(accepted=len(batch.points), stored=stored)
+
+
+def advance_progress(run: Run, batch: BatchIn) -> None:
+    """Moves the run's progress on to what the batch's progress says, never back."""
+    progress = batch.progress
+    if progress is not None and progress.step >= run.step:  # an older batch resent, or redone steps after a restart
+        run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
+        if progress.samples_per_s:  # the final report has no rate to give: keep the last measured one
+            run.samples_per_s = progress.samples_per_s
 
 
 def _store_points(db: Session, *, run_id: int, points: Sequence[PointIn]) -> int:
@@ -54,11 +60,13 @@ def _store_points(db: Session, *, run_id: int, points: Sequence[PointIn]) -> int
 
 
 def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
-    """Stores what a trainer spooled but never sent (the server was away when it ended); returns new points.
+    """Stores what a trainer spooled but never sent (the server was away when it ended), and the progress it
+    carried; returns new points.
 
     Each spool line is one batch exactly as the client would have posted it; a line cut short by a dying process
     is skipped. Called inside the transaction that finishes the run, so the points land before it is final.
     """
+    run = runs.get_run(db, run_id=run_id)
     stored = 0
     for spool in sorted(run_dir.glob(wire.SPOOL_GLOB)):
         for line in spool.read_bytes().splitlines():
@@ -67,6 +75,7 @@ def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
             except ValidationError:
                 continue
             stored += _store_points(db, run_id=run_id, points=batch.points)
+            advance_progress(run, batch)
         spool.unlink()
     return stored
 

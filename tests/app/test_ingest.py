@@ -120,3 +120,11 @@ def test_a_page_by_step_keeps_a_step_whole_when_it_can(client: TestClient, run_i
     page = client.get(f"/api/runs/{run_id}/metrics/rank/step_ms", params={"limit": 7}).json()
     assert [(p["step"], p["rank"]) for p in page["points"]] == [(s, r) for s in (1, 2) for r in range(3)]
     assert (page["next_step"], page["next_rank"]) == (3, 0)  # a caller paging by step alone loses nothing
+
+
+def test_progress_never_moves_back(client: TestClient, run_id: int) -> None:
+    progress = {"epoch": 2, "epochs": 5, "step": 40, "total_steps": 100, "samples_per_s": 1234.5}
+    post(client, run_id, {"points": [], "progress": progress})
+    post(client, run_id, {"points": [], "progress": {**progress, "epoch": 1, "step": 30}})  # an older batch, resent
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert (run["epoch"], run["step"], run["total_steps"]) == (2, 40, 100)
