@@ -21,6 +21,8 @@ from app.store.metrics import StoredPoint
 from trainer import wire
 
 ACCEPTS_METRICS = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
+# The keys of GPU and host samples (trainer.gpu), logged at step = unix seconds: "gpu/", "sys/".
+CLOCK_STEPPED = (wire.GPU_KEY.partition("{")[0], wire.SYS_KEY.partition("{")[0])
 
 
 def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestResult:
@@ -33,21 +35,29 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
         stored = _store_points(db, run_id=run_id, points=batch.points)
         nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)
-        if batch.progress is not None:
-            advance_progress(run, batch)
+        if advance_progress(run, batch):
             run.heartbeat_at = utcnow()
             if run.status == RunStatus.starting:
-                run_store.set_status(db, run, RunStatus.running, "the trainer reported its first progress")
+                what = "progress" if batch.progress is not None else "step"
+                run_store.set_status(db, run, RunStatus.running, f"the trainer reported its first {what}")
     return IngestResult(accepted=len(batch.points), stored=stored)
 
 
-def advance_progress(run: Run, batch: BatchIn) -> None:
-    """Moves the run's progress on to what the batch's progress says, never back."""
+def advance_progress(run: Run, batch: BatchIn) -> bool:
+    """Moves the run's progress on to what the batch says, never back; True if it said anything of training.
+
+    A batch's progress says where training stands; without one (a script that only logs), the highest step of its
+    training points does. GPU and host samples are at step = unix seconds, so they are no training step.
+    """
     progress = batch.progress
     if progress is not None and progress.step >= run.step:  # an older batch resent, or redone steps after a restart
         run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
         if progress.samples_per_s:  # the final report has no rate to give: keep the last measured one
             run.samples_per_s = progress.samples_per_s
+    top = max((point.step for point in batch.points if not point.key.startswith(CLOCK_STEPPED)), default=None)
+    if top is not None:
+        run.step = max(run.step, top)
+    return progress is not None or top is not None
 
 
 def _store_points(db: Session, *, run_id: int, points: Sequence[PointIn]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
@@ -120,6 +121,29 @@ def test_a_page_by_step_keeps_a_step_whole_when_it_can(client: TestClient, run_i
     page = client.get(f"/api/runs/{run_id}/metrics/rank/step_ms", params={"limit": 7}).json()
     assert [(p["step"], p["rank"]) for p in page["points"]] == [(s, r) for s in (1, 2) for r in range(3)]
     assert (page["next_step"], page["next_rank"]) == (3, 0)  # a caller paging by step alone loses nothing
+
+
+def test_a_starting_run_that_reports_steps_without_progress_becomes_running_at_that_step(
+    client: TestClient, run_id: int
+) -> None:
+    """A script of the user's own reports only `report.log` points: its steps are its progress and its heartbeat."""
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).status = RunStatus.starting
+    samples = [
+        wire.Point("gpu/node1/0/util", 1_763_700_000, 97.0),
+        wire.Point("sys/node1/cpu_percent", 1_763_700_000, 50),
+    ]
+    post(client, run_id, wire.Batch(tuple(samples)).to_json())  # GPU samples are at step = unix seconds
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert (run["status"], run["step"], run["heartbeat_at"]) == ("starting", 0, None)
+
+    post(client, run_id, batch(1, 2, 3, 4, 5, 6, 7))
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert (run["status"], run["step"]) == ("running", 7) and run["heartbeat_at"] is not None
+    assert run["events"][-1]["reason"] == "the trainer reported its first step"
+    post(client, run_id, wire.Batch(tuple(replace(s, step=s.step + 5) for s in samples)).to_json())
+    post(client, run_id, batch(3))  # an older step sent again (a replayed spool) does not move the run back
+    assert client.get(f"/api/runs/{run_id}").json()["step"] == 7
 
 
 def test_progress_never_moves_back(client: TestClient, run_id: int) -> None:
