@@ -299,6 +299,11 @@ class SeriesOut(BaseModel):
     key: str
     points: list[PointOut]
     next_step: int | None = Field(description="Pass as start_step for the next page; null on the last page.")
+    next_rank: int | None = Field(
+        description="Pass as start_rank with next_step. 0 when the page ends at a whole step (as it does whenever "
+        "limit holds at least one whole step); otherwise the rank of next_step where the next page starts. Null on "
+        "the last page."
+    )
 
 
 class CheckpointOut(BaseModel):

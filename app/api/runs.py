@@ -90,11 +90,16 @@ def read_series(
     run_id: int,
     key: str,
     db: SessionDep,
-    start_step: Annotated[int, Query(ge=0)] = 0,
+    start_step: Annotated[int, Query(ge=0, description="The first step; the last page's next_step.")] = 0,
+    start_rank: Annotated[
+        int, Query(ge=0, le=1_000_000, description="The first rank of start_step; the last page's next_rank.")
+    ] = 0,
     end_step: Annotated[int | None, Query(ge=0)] = None,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> SeriesOut:
-    return metrics.read_series(db, run_id=run_id, key=key, start_step=start_step, end_step=end_step, limit=limit)
+    return metrics.read_series(
+        db, run_id=run_id, key=key, start_step=start_step, start_rank=start_rank, end_step=end_step, limit=limit
+    )
 
 
 @router.get("/{run_id}/checkpoints", response_model=list[CheckpointOut], summary="A run's checkpoints")

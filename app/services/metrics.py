@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidToken, RunNotActive
-from app.models import RunStatus, utcnow
+from app.models import Run, RunStatus, utcnow
 from app.schemas import BatchIn, IngestResult, PointIn, PointOut, SeriesOut
 from app.services import nodes, runs
 from app.store import charts as chart_store
@@ -21,6 +21,8 @@ from app.store.metrics import StoredPoint
 from trainer import wire
 
 ACCEPTS_METRICS = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
+# The keys of GPU and host samples (trainer.gpu), logged at step = unix seconds: "gpu/", "sys/".
+CLOCK_STEPPED = (wire.GPU_KEY.partition("{")[0], wire.SYS_KEY.partition("{")[0])
 
 
 def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestResult:
@@ -33,15 +35,29 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
         stored = _store_points(db, run_id=run_id, points=batch.points)
         nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)
-        if batch.progress is not None:
-            progress = batch.progress
-            run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
-            if progress.samples_per_s:  # the final report has no rate to give: keep the last measured one
-                run.samples_per_s = progress.samples_per_s
+        if advance_progress(run, batch):
             run.heartbeat_at = utcnow()
             if run.status == RunStatus.starting:
-                run_store.set_status(db, run, RunStatus.running, "the trainer reported its first progress")
+                what = "progress" if batch.progress is not None else "step"
+                run_store.set_status(db, run, RunStatus.running, f"the trainer reported its first {what}")
     return IngestResult(accepted=len(batch.points), stored=stored)
+
+
+def advance_progress(run: Run, batch: BatchIn) -> bool:
+    """Moves the run's progress on to what the batch says, never back; True if it said anything of training.
+
+    A batch's progress says where training stands; without one (a script that only logs), the highest step of its
+    training points does. GPU and host samples are at step = unix seconds, so they are no training step.
+    """
+    progress = batch.progress
+    if progress is not None and progress.step >= run.step:  # an older batch resent, or redone steps after a restart
+        run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
+        if progress.samples_per_s:  # the final report has no rate to give: keep the last measured one
+            run.samples_per_s = progress.samples_per_s
+    top = max((point.step for point in batch.points if not point.key.startswith(CLOCK_STEPPED)), default=None)
+    if top is not None:
+        run.step = max(run.step, top)
+    return progress is not None or top is not None
 
 
 def _store_points(db: Session, *, run_id: int, points: Sequence[PointIn]) -> int:
@@ -54,11 +70,13 @@ def _store_points(db: Session, *, run_id: int, points: Sequence[PointIn]) -> int
 
 
 def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
-    """Stores what a trainer spooled but never sent (the server was away when it ended); returns new points.
+    """Stores what a trainer spooled but never sent (the server was away when it ended), and the progress it
+    carried; returns new points.
 
     Each spool line is one batch exactly as the client would have posted it; a line cut short by a dying process
     is skipped. Called inside the transaction that finishes the run, so the points land before it is final.
     """
+    run = runs.get_run(db, run_id=run_id)
     stored = 0
     for spool in sorted(run_dir.glob(wire.SPOOL_GLOB)):
         for line in spool.read_bytes().splitlines():
@@ -67,20 +85,28 @@ def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
             except ValidationError:
                 continue
             stored += _store_points(db, run_id=run_id, points=batch.points)
+            advance_progress(run, batch)
         spool.unlink()
     return stored
 
 
-def read_series(db: Session, *, run_id: int, key: str, start_step: int, end_step: int | None, limit: int) -> SeriesOut:
-    """A page of one series by step; `next_step` continues it."""
+def read_series(
+    db: Session, *, run_id: int, key: str, start_step: int, start_rank: int, end_step: int | None, limit: int
+) -> SeriesOut:
+    """A page of one series by (step, rank) from the cursor (start_step, start_rank); `next_step` and `next_rank`
+    continue it."""
     runs.get_run(db, run_id=run_id)
     points = metric_store.points_in_range(
-        db, run_id=run_id, key=key, start_step=start_step, end_step=end_step, limit=limit + 1
+        db, run_id=run_id, key=key, start_step=start_step, start_rank=start_rank, end_step=end_step, limit=limit + 1
     )
-    next_step = points[limit].step if len(points) > limit else None
-    # A page never splits one step's ranks: drop the partial last step and start the next page there.
-    page = [p for p in points[:limit] if next_step is None or p.step < next_step] or points[:limit]
-    return SeriesOut(key=key, points=[_out(p) for p in page], next_step=next_step)
+    if len(points) <= limit:
+        return SeriesOut(key=key, points=[_out(p) for p in points], next_step=None, next_rank=None)
+    following = points[limit]
+    # A page ends at a whole step when it can, so a caller paging by step alone never sees one split; only a step
+    # with more ranks than `limit` is split, and next_rank says where in it the next page starts.
+    whole = [p for p in points[:limit] if p.step < following.step]
+    page, next_rank = (whole, 0) if whole else (points[:limit], following.rank)
+    return SeriesOut(key=key, points=[_out(p) for p in page], next_step=following.step, next_rank=next_rank)
 
 
 def _out(point: StoredPoint) -> PointOut:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Insert, Table, func, select
+from sqlalchemy import Insert, Table, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -86,10 +86,13 @@ def _stored(rows: Iterable[Any]) -> list[StoredPoint]:
 
 
 def points_in_range(
-    db: Session, *, run_id: int, key: str, start_step: int, end_step: int | None, limit: int
+    db: Session, *, run_id: int, key: str, start_step: int, start_rank: int, end_step: int | None, limit: int
 ) -> list[StoredPoint]:
-    """Points of one series with start_step <= step <= end_step, by step then rank."""
-    query = _point_columns().where(SERIES.c.run_id == run_id, SERIES.c.key == key, POINTS.c.step >= start_step)
+    """Points of one series from (start_step, start_rank) on, up to end_step, by step then rank."""
+    # The step bound alone keeps the read to a range of the (series, step, rank) index; the OR then drops the ranks
+    # of start_step before start_rank.
+    after = or_(POINTS.c.step > start_step, POINTS.c.rank >= start_rank)
+    query = _point_columns().where(SERIES.c.run_id == run_id, SERIES.c.key == key, POINTS.c.step >= start_step, after)
     if end_step is not None:
         query = query.where(POINTS.c.step <= end_step)
     return _stored(db.execute(query.order_by(POINTS.c.step, POINTS.c.rank).limit(limit)))

@@ -36,3 +36,26 @@ def series(client: TestClient, run_id: int, key: str = "loss") -> list[tuple[int
 
 def batch(*steps: int, key: str = "loss") -> dict:
     return wire.Batch(tuple(wire.Point(key, s, 1.0 / s, 0, 1.7e9 + s) for s in steps)).to_json()
+
+
+def read_all_pages(client: TestClient, run_id: int, key: str, *, limit: int) -> list[tuple[int, int]]:
+    """Every (step, rank) of a series, following the pages' cursor (next_step, next_rank) to the end.
+
+    A cursor must move on every page: one that comes back unchanged would page for ever, which fails the test here.
+    """
+    got: list[tuple[int, int]] = []
+    cursor: tuple[int, int] | None = (0, 0)
+    while cursor is not None:
+        params = {"start_step": cursor[0], "start_rank": cursor[1], "limit": limit}
+        page = client.get(f"/api/runs/{run_id}/metrics/{key}", params=params).json()
+        got += [(p["step"], p["rank"]) for p in page["points"]]
+        following = None if page["next_step"] is None else (page["next_step"], page["next_rank"])
+        assert following is None or following > cursor, f"the page at {cursor} (limit {limit}) did not move on"
+        cursor = following
+    return got
+
+
+def ranks_at_each_step(steps: range, ranks: int, key: str = "rank/step_ms") -> dict:
+    """A batch of one point per rank at each step, as rank 0 relays the ranks' step times."""
+    points = tuple(wire.Point(key, s, 10.0 * s + r, r, 1.7e9 + s) for s in steps for r in range(ranks))
+    return wire.Batch(points).to_json()

@@ -175,3 +175,21 @@ def test_heartbeats_from_before_a_resume_do_not_count_against_the_new_launch(cli
 
 def test_health_of_a_run_that_does_not_exist_is_a_404(client: TestClient) -> None:
     assert client.get("/api/runs/999/health").status_code == 404
+
+
+def test_a_script_that_only_logs_is_watched_by_its_steps_and_not_by_its_gpu_samples(client: TestClient) -> None:
+    run_id = running_run(client)  # a script of the user's own: no progress, no rank heartbeats, only report.log
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).started_at = utcnow() - timedelta(seconds=300)
+    loss = wire.Batch(tuple(wire.Point("loss", step, 1 / step) for step in range(1, 8))).to_json()
+    assert post(client, run_id, loss).status_code == 200
+    assert health(client, run_id)["state"] == "ok"  # its steps are its heartbeat
+
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).heartbeat_at = utcnow() - timedelta(seconds=90)
+    gpu_samples(client, run_id, "node-a", util=30.0, power=300.0)  # the sampler goes on while the script hangs
+    stalled = health(client, run_id)
+    assert stalled["state"] == "not_progressing" and "(last at step 7)" in stalled["message"]
+
+    post(client, run_id, wire.Batch((wire.Point("loss", 8, 0.1),)).to_json())
+    assert health(client, run_id)["state"] == "ok"

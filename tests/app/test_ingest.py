@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app.models import Run, RunStatus
-from tests.app.conftest import batch, post, series
+from tests.app.conftest import batch, post, ranks_at_each_step, read_all_pages, series
 from trainer import wire
 
 
@@ -104,3 +105,50 @@ def test_series_pages_by_step_range(client: TestClient, run_id: int) -> None:
     assert ([p["step"] for p in first["points"]], first["next_step"]) == ([1, 2, 3, 4], 5)
     ranged = client.get(f"/api/runs/{run_id}/metrics/loss", params={"start_step": 5, "end_step": 7}).json()
     assert ([p["step"] for p in ranged["points"]], ranged["next_step"]) == ([5, 6, 7], None)
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 4, 7])
+def test_paging_a_series_of_several_ranks_per_step_returns_each_point_once_and_ends(
+    client: TestClient, run_id: int, limit: int
+) -> None:
+    post(client, run_id, ranks_at_each_step(range(1, 6), ranks=3))
+    whole = [(step, rank) for step in range(1, 6) for rank in range(3)]
+    assert read_all_pages(client, run_id, "rank/step_ms", limit=limit) == whole
+
+
+def test_a_page_by_step_keeps_a_step_whole_when_it_can(client: TestClient, run_id: int) -> None:
+    post(client, run_id, ranks_at_each_step(range(1, 6), ranks=3))
+    page = client.get(f"/api/runs/{run_id}/metrics/rank/step_ms", params={"limit": 7}).json()
+    assert [(p["step"], p["rank"]) for p in page["points"]] == [(s, r) for s in (1, 2) for r in range(3)]
+    assert (page["next_step"], page["next_rank"]) == (3, 0)  # a caller paging by step alone loses nothing
+
+
+def test_a_starting_run_that_reports_steps_without_progress_becomes_running_at_that_step(
+    client: TestClient, run_id: int
+) -> None:
+    """A script of the user's own reports only `report.log` points: its steps are its progress and its heartbeat."""
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).status = RunStatus.starting
+    samples = [
+        wire.Point("gpu/node1/0/util", 1_763_700_000, 97.0),
+        wire.Point("sys/node1/cpu_percent", 1_763_700_000, 50),
+    ]
+    post(client, run_id, wire.Batch(tuple(samples)).to_json())  # GPU samples are at step = unix seconds
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert (run["status"], run["step"], run["heartbeat_at"]) == ("starting", 0, None)
+
+    post(client, run_id, batch(1, 2, 3, 4, 5, 6, 7))
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert (run["status"], run["step"]) == ("running", 7) and run["heartbeat_at"] is not None
+    assert run["events"][-1]["reason"] == "the trainer reported its first step"
+    post(client, run_id, wire.Batch(tuple(replace(s, step=s.step + 5) for s in samples)).to_json())
+    post(client, run_id, batch(3))  # an older step sent again (a replayed spool) does not move the run back
+    assert client.get(f"/api/runs/{run_id}").json()["step"] == 7
+
+
+def test_progress_never_moves_back(client: TestClient, run_id: int) -> None:
+    progress = {"epoch": 2, "epochs": 5, "step": 40, "total_steps": 100, "samples_per_s": 1234.5}
+    post(client, run_id, {"points": [], "progress": progress})
+    post(client, run_id, {"points": [], "progress": {**progress, "epoch": 1, "step": 30}})  # an older batch, resent
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert (run["epoch"], run["step"], run["total_steps"]) == (2, 40, 100)

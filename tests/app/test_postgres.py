@@ -16,7 +16,7 @@ from app.main import create_app
 from app.models import Base, Run, RunStatus
 from app.services.runs import hash_token
 from app.settings import Settings
-from tests.app.conftest import TOKEN, batch, post, series
+from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, series
 from tests.postgres import new_database, postgres_bin, postgres_server
 from trainer import wire
 
@@ -56,3 +56,14 @@ def test_ingest_is_idempotent_and_keeps_nan_and_inf_on_postgresql(pg_client: Tes
     assert [s for s, _, _ in values] == [1, 2, 3, 4, 5, 6]
     assert math.isnan(values[4][2]) and values[5][2] == -math.inf
     assert pg_client.get("/api/runs", params={"status": "running"}).json()["total"] == 1
+
+
+def test_paging_a_series_of_several_ranks_per_step_ends_on_postgresql(pg_client: TestClient) -> None:
+    run_id = pg_client.post("/api/runs", json={"name": "pg"}).json()["id"]
+    with pg_client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
+    post(pg_client, run_id, ranks_at_each_step(range(1, 6), ranks=3))
+    whole = [(step, rank) for step in range(1, 6) for rank in range(3)]
+    for limit in (1, 2, 3, 4, 7):
+        assert read_all_pages(pg_client, run_id, "rank/step_ms", limit=limit) == whole, limit

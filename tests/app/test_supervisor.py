@@ -11,7 +11,9 @@ from fastapi.testclient import TestClient
 from app.launcher import processes
 from app.models import Run, RunStatus
 from app.services.runs import final_status
+from tests.live import free_port, wait_for
 from trainer import wire
+from trainer.report import Reporter
 
 
 def run_dir(client: TestClient, run_id: int):  # type: ignore[no-untyped-def]
@@ -99,3 +101,30 @@ def test_final_status(exit_code: int | None, stop_requested: bool, trainer_finis
         exit_code=exit_code, stop_requested=stop_requested, trainer_finished=trainer_finished
     )
     assert decided == status and reason
+
+
+def test_a_run_that_ended_while_the_server_was_away_shows_the_progress_its_trainer_spooled(client: TestClient) -> None:
+    run_id = started_run(client)
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)  # where the server last saw it, half-way, before it went away
+        run.epoch, run.step, run.total_steps, run.samples_per_s = 1, 1026, 2048, 300.0
+    folder = run_dir(client, run_id)
+    # The real client with no server listening: it spools every batch, each with its progress, as the trainer's does.
+    reporter = Reporter(f"http://127.0.0.1:{free_port()}", str(run_id), "token", folder, flush_interval=0.01)
+    for step in range(1027, 2049):
+        reporter.log({"loss": 1 / step}, step=step)
+        reporter.progress(wire.Progress(epoch=step // 1024, epochs=2, step=step, total_steps=2048, samples_per_s=500.0))
+        if step == 1500:  # let a batch with a measured rate go out, as one would while training
+            wait_for(reporter.spool_path.exists, 10, interval=0.01, what="the first spooled batch")
+    reporter.progress(wire.Progress(epoch=2, epochs=2, step=2048, total_steps=2048, finished=True))
+    reporter.close()
+    assert reporter.spool_path.exists()
+    (folder / wire.FINISHED_MARKER).write_text("{}")
+    (folder / "exit.json").write_text(json.dumps({"exit_code": 0}))
+
+    run = tick(client)
+    assert (
+        run["status"] == "succeeded" and "1022 points the trainer could not send were recovered" in run["status_reason"]
+    )
+    assert (run["epoch"], run["step"], run["total_steps"], run["samples_per_s"]) == (2, 2048, 2048, 500.0)
+    assert run["final_loss"] == pytest.approx(1 / 2048)

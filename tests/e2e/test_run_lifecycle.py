@@ -58,6 +58,7 @@ def test_metrics_survive_a_server_restart_and_the_run_is_reattached(live_server:
     with live_server.api() as api:
         done = wait_status(api, run["id"], FINAL, timeout=240)
         assert done["status"] == "succeeded", done["status_reason"]
+        assert done["step"] == done["total_steps"] > 50  # the progress of what was spooled reached the run too
         steps = [s for s, _ in loss_steps(api, run["id"])]
     assert steps == list(range(1, done["total_steps"] + 1))
 

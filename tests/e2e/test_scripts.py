@@ -3,13 +3,15 @@ crashes at import ends `failed`, its traceback on the run page. Real server, rea
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.runs import FINAL, create, loss_steps, output, wait_status
-from tests.live import LiveServer, run_processes
+from tests.live import LiveServer, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
@@ -20,14 +22,28 @@ def test_the_example_script_runs_through_the_dashboard_and_reports_every_step(li
     scripts.mkdir(parents=True)
     shutil.copy(EXAMPLE, scripts / "ddp_train.py")
     with live_server.api() as api:
-        run = create(api, script="scripts/ddp_train.py", script_args=["--epochs", "2", "--batch-size", "64"])
+        # Small batches: 512 steps, so that it trains for longer than the reporter's first flush, even on a fast host.
+        run = create(api, script="scripts/ddp_train.py", script_args=["--epochs", "2", "--batch-size", "16"])
+        # It reports only report.log points, no progress: its steps alone show it training, on the API and the page.
+        training = wait_for(lambda: seen_training(api, run["id"]), 120, interval=0.05, what="the run to train")
+        assert training["status"] == "running" and training["step"] > 0, training
+        page = api.get(f"/runs/{run['id']}").text
         done = wait_status(api, run["id"], FINAL, timeout=180)
         assert done["status"] == "succeeded", (done["status_reason"], output(live_server, run["id"]))
         steps = loss_steps(api, run["id"])
-    assert [step for step, _ in steps] == list(range(1, 129))  # 8,192 samples / 2 ranks / 64, twice
+    assert [step for step, _ in steps] == list(range(1, 513))  # 8,192 samples / 2 ranks / 16, twice
+    shown = re.search(r'<dd id="step">(\d+) of \?</dd>', page)
+    assert shown is not None and int(shown[1]) >= training["step"], "the run page shows no step of the training"
     assert steps[-1][1] < 0.5 * steps[0][1]
     assert (live_server.root / "shared" / "checkpoints" / f"run-{run['id']}" / "snapshot.pt").exists()
     assert run_processes(live_server.root) == []
+
+
+def seen_training(api: httpx.Client, run_id: int) -> dict | None:
+    """The run once it is running at a step above 0; fails at once if it ends before anyone could see that."""
+    run = api.get(f"/api/runs/{run_id}").json()
+    assert run["status"] not in FINAL, f"the run ended ({run['status']}) without being seen running at a step"
+    return run if run["status"] == "running" and run["step"] > 0 else None
 
 
 def test_a_script_that_crashes_at_import_fails_with_its_traceback_on_the_page(live_server: LiveServer) -> None:
