@@ -56,3 +56,22 @@ def test_ingest_is_idempotent_and_keeps_nan_and_inf_on_postgresql(pg_client: Tes
     assert [s for s, _, _ in values] == [1, 2, 3, 4, 5, 6]
     assert math.isnan(values[4][2]) and values[5][2] == -math.inf
     assert pg_client.get("/api/runs", params={"status": "running"}).json()["total"] == 1
+
+
+def test_steps_past_32_bits_are_stored_on_postgresql(pg_client: TestClient) -> None:
+    """GPU samples are keyed by unix seconds (2**31 in 2038), and long runs count far: steps need 64 bits."""
+    run_id = pg_client.post("/api/runs", json={"name": "long"}).json()["id"]
+    with pg_client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
+    far = 2**40
+    body = wire.Batch(
+        tuple(wire.Point("loss", far + i, 0.5) for i in range(20)),
+        progress=wire.Progress(epoch=1, epochs=1, step=far, total_steps=far + 10),
+        heartbeat=wire.Heartbeat(rank=0, host="node-a", step=far),
+    ).to_json()
+    assert post(pg_client, run_id, body).status_code == 200
+    assert series(pg_client, run_id)[0] == (far, 0, 0.5)
+    assert pg_client.get(f"/api/runs/{run_id}").json()["step"] == far
+    chart = pg_client.get(f"/api/runs/{run_id}/chart", params={"key": "loss", "width": 2}).json()
+    assert chart["ranks"]["0"]["step"][-1] == far + 19  # read from the tiers, whose buckets are past 2**31 too
