@@ -52,6 +52,9 @@ FINAL_STATUSES = frozenset({RunStatus.succeeded, RunStatus.failed, RunStatus.sto
 STATUS_TYPE = Enum(RunStatus, native_enum=False, length=16, validate_strings=True)
 # SQLite makes only an INTEGER PRIMARY KEY its rowid; elsewhere points need 64 bits.
 POINT_ID_TYPE = BigInteger().with_variant(Integer, "sqlite")
+# Steps go past 2**31 (GPU samples are keyed by unix seconds; long runs count tokens): 64 bits everywhere. SQLite's
+# INTEGER already is.
+STEP_TYPE = BigInteger().with_variant(Integer, "sqlite")
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -125,7 +128,7 @@ class Run(Base):
     # The process, as the launcher started it: enough for a restarted server to find it or declare it lost.
     launch_id: Mapped[str | None] = mapped_column(String(32))
     pid: Mapped[int | None] = mapped_column(Integer)
-    pid_start_ticks: Mapped[int | None] = mapped_column(Integer)
+    pid_start_ticks: Mapped[int | None] = mapped_column(STEP_TYPE)  # clock ticks since boot: past 2**31 in 248 days
     command: Mapped[list[str] | None] = mapped_column(JSON)
     devices: Mapped[list[int] | None] = mapped_column(JSON)
     exit_code: Mapped[int | None] = mapped_column(Integer)
@@ -133,8 +136,8 @@ class Run(Base):
 
     # The trainer's last report of where it stands; `heartbeat_at` is when it came.
     epoch: Mapped[int] = mapped_column(Integer, default=0)
-    step: Mapped[int] = mapped_column(Integer, default=0)
-    total_steps: Mapped[int] = mapped_column(Integer, default=0)
+    step: Mapped[int] = mapped_column(STEP_TYPE, default=0)
+    total_steps: Mapped[int] = mapped_column(STEP_TYPE, default=0)
     samples_per_s: Mapped[float] = mapped_column(Float, default=0.0)
     heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     trainer_finished: Mapped[bool] = mapped_column(default=False)
@@ -190,7 +193,7 @@ class MetricPoint(Base):
 
     id: Mapped[int] = mapped_column(POINT_ID_TYPE, primary_key=True)
     series_id: Mapped[int] = mapped_column(ForeignKey("metric_series.id", ondelete="CASCADE"))
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(STEP_TYPE)
     rank: Mapped[int] = mapped_column(Integer, default=0)
     value: Mapped[float | None] = mapped_column(Float)
     time: Mapped[float] = mapped_column(Float)
@@ -204,7 +207,7 @@ class RunRank(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     host: Mapped[str] = mapped_column(String(255))
-    step: Mapped[int] = mapped_column(Integer)
+    step: Mapped[int] = mapped_column(STEP_TYPE)
     heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
@@ -224,8 +227,8 @@ class MetricTier(Base):
         ForeignKey("metric_series.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
     )
     tier: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    bucket: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    bucket: Mapped[int] = mapped_column(STEP_TYPE, primary_key=True, autoincrement=False)
     rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     min_value: Mapped[float | None] = mapped_column(Float)
     max_value: Mapped[float | None] = mapped_column(Float)
-    last_step: Mapped[int] = mapped_column(Integer)
+    last_step: Mapped[int] = mapped_column(STEP_TYPE)

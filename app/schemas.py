@@ -232,10 +232,10 @@ class PointIn(BaseModel):
 class ProgressIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    epoch: int = Field(ge=0)
-    epochs: int = Field(ge=0)
-    step: int = Field(ge=0)
-    total_steps: int = Field(ge=0)
+    epoch: int = Field(ge=0, le=2**31 - 1)
+    epochs: int = Field(ge=0, le=2**31 - 1)
+    step: int = Field(ge=0, le=2**62)
+    total_steps: int = Field(ge=0, le=2**62)
     samples_per_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     finished: bool = False
     restart: int = Field(default=0, ge=0, le=1_000_000)
@@ -269,7 +269,7 @@ class HeartbeatIn(BaseModel):
 
     rank: int = Field(ge=0, le=1_000_000, strict=True)
     host: HostName
-    step: int = Field(ge=0, le=2**31 - 1, strict=True)  # the run_ranks column is a 32-bit integer
+    step: int = Field(ge=0, le=2**62, strict=True)
 
 
 class BatchIn(BaseModel):

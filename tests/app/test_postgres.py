@@ -37,6 +37,15 @@ def pg_client(admin_dsn: str, tmp_path: Path) -> Iterator[TestClient]:
         yield client
 
 
+def running_run(client: TestClient) -> int:
+    """A run that takes metrics with TOKEN, as the launcher leaves one once torchrun is up."""
+    run_id = int(client.post("/api/runs", json={"name": "pg"}).json()["id"])
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
+    return run_id
+
+
 def test_migrations_build_the_models_schema_on_postgresql(pg_client: TestClient) -> None:
     url = pg_client.app.state.settings.sqlalchemy_url  # type: ignore[attr-defined]
     with make_engine(url).connect() as connection:
@@ -44,10 +53,7 @@ def test_migrations_build_the_models_schema_on_postgresql(pg_client: TestClient)
 
 
 def test_ingest_is_idempotent_and_keeps_nan_and_inf_on_postgresql(pg_client: TestClient) -> None:
-    run_id = pg_client.post("/api/runs", json={"name": "pg"}).json()["id"]
-    with pg_client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        run = db.get(Run, run_id)
-        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
+    run_id = running_run(pg_client)
     assert post(pg_client, run_id, batch(1, 2, 3)).json() == {"accepted": 3, "stored": 3}
     assert post(pg_client, run_id, batch(3, 4)).json() == {"accepted": 2, "stored": 1}
     special = wire.Batch((wire.Point("loss", 5, math.nan), wire.Point("loss", 6, -math.inf))).to_json()
@@ -59,11 +65,24 @@ def test_ingest_is_idempotent_and_keeps_nan_and_inf_on_postgresql(pg_client: Tes
 
 
 def test_paging_a_series_of_several_ranks_per_step_ends_on_postgresql(pg_client: TestClient) -> None:
-    run_id = pg_client.post("/api/runs", json={"name": "pg"}).json()["id"]
-    with pg_client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        run = db.get(Run, run_id)
-        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
+    run_id = running_run(pg_client)
     post(pg_client, run_id, ranks_at_each_step(range(1, 6), ranks=3))
     whole = [(step, rank) for step in range(1, 6) for rank in range(3)]
     for limit in (1, 2, 3, 4, 7):
         assert read_all_pages(pg_client, run_id, "rank/step_ms", limit=limit) == whole, limit
+
+
+def test_steps_past_32_bits_are_stored_on_postgresql(pg_client: TestClient) -> None:
+    """GPU samples are keyed by unix seconds (2**31 in 2038), and long runs count far: steps need 64 bits."""
+    run_id = running_run(pg_client)
+    far = 2**40
+    body = wire.Batch(
+        tuple(wire.Point("loss", far + i, 0.5) for i in range(20)),
+        progress=wire.Progress(epoch=1, epochs=1, step=far, total_steps=far + 10),
+        heartbeat=wire.Heartbeat(rank=0, host="node-a", step=far),
+    ).to_json()
+    assert post(pg_client, run_id, body).status_code == 200
+    assert series(pg_client, run_id)[0] == (far, 0, 0.5)
+    assert pg_client.get(f"/api/runs/{run_id}").json()["step"] == far + 19  # its highest training step
+    chart = pg_client.get(f"/api/runs/{run_id}/chart", params={"key": "loss", "width": 2}).json()
+    assert chart["ranks"]["0"]["step"][-1] == far + 19  # read from the tiers, whose buckets are past 2**31 too
