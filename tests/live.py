@@ -79,10 +79,13 @@ def open_run(server: LiveServer, token: str, status: str = "running") -> int:
     """A run that takes metrics with `token`, as the launcher leaves one once torchrun is up, without torchrun:
     the process reporting to it is this one, so its pid is the run's (a restarted server then finds it alive).
 
-    (The launch itself, which makes the token, is tested end to end with a real torchrun.)
+    (The launch itself, which makes the token, is tested end to end with a real torchrun.) One process, so that it
+    fits any host, a one-GPU node included.
     """
     with server.api() as api:
-        run_id = int(api.post("/api/runs", json={"name": "client"}).json()["id"])
+        answer = api.post("/api/runs", json={"name": "client", "nproc_per_node": 1})
+        answer.raise_for_status()
+        run_id = int(answer.json()["id"])
     me = os.getpid()
     set_run(
         server, run_id, status=status, token_hash=hash_token(token), pid=me, pid_start_ticks=processes.start_ticks(me)
