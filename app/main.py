@@ -19,6 +19,7 @@ from app.api import runs as runs_api
 from app.db import make_engine, make_sessionmaker, prepare_schema
 from app.errors import FieldInvalid, RankboardError
 from app.launcher.local import LocalLauncher
+from app.services.examples import offer_examples
 from app.services.host import HostSampler
 from app.settings import Settings
 from app.supervisor import Supervisor
@@ -32,6 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     settings.shared.mkdir(parents=True, exist_ok=True)
+    offer_examples(settings.shared)
     engine = make_engine(settings.sqlalchemy_url)
     prepare_schema(engine, settings.sqlalchemy_url)
     sessions = make_sessionmaker(engine)
