@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib import metadata
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -51,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="Rankboard",
-        version="0.1.0",
+        version=metadata.version("rankboard"),
         lifespan=lifespan,
         description="Start, stop and watch PyTorch DDP training runs.",
     )
