@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from app.api import logs as logs_api
 from app.deps import LauncherDep, SessionDep

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib import metadata
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -19,6 +20,7 @@ from app.api import runs as runs_api
 from app.db import make_engine, make_sessionmaker, prepare_schema
 from app.errors import FieldInvalid, RankboardError
 from app.launcher.local import LocalLauncher
+from app.services.examples import offer_examples
 from app.services.host import HostSampler
 from app.settings import Settings
 from app.supervisor import Supervisor
@@ -32,6 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     settings.shared.mkdir(parents=True, exist_ok=True)
+    offer_examples(settings.shared)
     engine = make_engine(settings.sqlalchemy_url)
     prepare_schema(engine, settings.sqlalchemy_url)
     sessions = make_sessionmaker(engine)
@@ -49,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="Rankboard",
-        version="0.1.0",
+        version=metadata.version("rankboard"),
         lifespan=lifespan,
         description="Start, stop and watch PyTorch DDP training runs.",
     )

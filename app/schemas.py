@@ -413,7 +413,10 @@ class HostOut(BaseModel):
     host: str
     nvml_error: str | None = Field(description="Why there are no GPUs: NVML's own reason; null when NVML works.")
     gpus: list[HostGpuOut]
-    cpu_percent: float | None
+    cpu_percent: float | None = Field(
+        description="Busy percent of all cores since the previous reading; null on the first look (nothing measured "
+        "yet) and without psutil."
+    )
     mem_used: float | None
     mem_total: float | None
 

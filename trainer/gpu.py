@@ -288,6 +288,8 @@ class GpuSampler:
 
     def _run(self) -> None:
         self._guarded(self.open)
+        if self._nvml is None:  # the first CPU percent spans the time since open() primed it: let that be an interval
+            self._stop.wait(self.interval)
         while not self._stop.is_set():
             self._guarded(self.sample_once)
             self._stop.wait(self.interval)

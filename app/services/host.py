@@ -12,8 +12,10 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -23,6 +25,8 @@ from app.store import runs as run_store
 from trainer import gpu, wire
 
 HOLDS_GPUS = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
+CPU_MIN_INTERVAL_S = 0.5  # psutil advises at least 0.1 s between the readings a CPU percent is measured over
+CPU_MAX_INTERVAL_S = 10.0  # a percent over a longer interval (the page was closed) describes the past, not now
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class HostSampler:
         self._opened = False
         self._nvml: gpu.Nvml | None = None
         self._error: str | None = None
+        self._cpu = CpuBusy()
 
     def read(self) -> HostNow:
         """Every GPU's values and processes; a GPU or a value that fails to read says why and the rest go on."""
@@ -61,19 +66,23 @@ class HostSampler:
                 self._open()
             nvml = self._nvml
             if nvml is None:
-                return HostNow([], self._error, gpu.system_values())
+                return HostNow([], self._error, self._system())
             try:
                 gpus = [_read_one(nvml, index) for index in range(nvml.nvmlDeviceGetCount())]
             except nvml.NVMLError as error:
-                return HostNow([], f"NVML failed while listing GPUs: {error}", gpu.system_values())
-            return HostNow(gpus, None, gpu.system_values())
+                return HostNow([], f"NVML failed while listing GPUs: {error}", self._system())
+            return HostNow(gpus, None, self._system())
+
+    def _system(self) -> dict[str, float]:
+        values = _memory()
+        busy = self._cpu.read()
+        return values if busy is None else {**values, "cpu_percent": busy}
 
     def _open(self) -> None:
         try:
             self._nvml = gpu.open_nvml(self._environ)
         except gpu.NvmlUnavailable as error:
             self._error = str(error)
-        gpu.system_values()  # psutil's CPU percent is "since the last call": prime it, or the first read says 0
         self._opened = True
 
     def close(self) -> None:
@@ -83,6 +92,54 @@ class HostSampler:
                 with contextlib.suppress(self._nvml.NVMLError):
                     self._nvml.nvmlShutdown()
             self._nvml, self._error, self._opened = None, None, False
+
+
+class CpuBusy:
+    """This host's CPU busy percent, only ever measured over a real interval.
+
+    Not psutil's `cpu_percent(interval=None)`: its "since the previous call" is per thread, and the routes run in
+    a threadpool, so a request on a thread that has not asked before measures nothing and says 0 while every core is
+    busy. Here the first read only starts the interval and answers None ("measuring"); later reads answer the
+    percent since the previous measurement, taken at most every CPU_MIN_INTERVAL_S, so that requests close
+    together neither measure a few milliseconds nor restart the interval. After CPU_MAX_INTERVAL_S without a read
+    the interval starts again. Callers serialise reads (HostSampler's lock).
+    """
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._times: tuple[float, float] = (0.0, 0.0)  # (busy, total) CPU seconds at `_since`
+        self._percent: float | None = None
+
+    def read(self) -> float | None:
+        """The percent over the last interval measured, or None before one has passed (or without psutil)."""
+        try:
+            import psutil
+        except ImportError:
+            return None
+        now, times = time.monotonic(), _busy_and_total(psutil.cpu_times())
+        if self._since is None or now - self._since > CPU_MAX_INTERVAL_S:
+            self._since, self._times, self._percent = now, times, None
+        elif now - self._since >= CPU_MIN_INTERVAL_S:
+            busy, total = times[0] - self._times[0], times[1] - self._times[1]
+            self._percent = 100 * busy / total if total > 0 else self._percent
+            self._since, self._times = now, times
+        return self._percent
+
+
+def _busy_and_total(times: Any) -> tuple[float, float]:
+    """CPU seconds spent busy, and in all, as psutil counts them (guest time is already in user time on Linux)."""
+    fields: dict[str, float] = times._asdict()
+    total = sum(fields.values()) - fields.get("guest", 0.0) - fields.get("guest_nice", 0.0)
+    return total - fields["idle"] - fields.get("iowait", 0.0), total
+
+
+def _memory() -> dict[str, float]:
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    memory = psutil.virtual_memory()
+    return {"mem_used": memory.used, "mem_total": memory.total}
 
 
 def _read_one(nvml: gpu.Nvml, index: int) -> GpuNow:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,8 +90,29 @@ def test_without_nvml_the_page_says_why_and_shows_cpu_and_memory(cpu_server: Liv
     host = host_json(cpu_server)
     assert host["gpus"] == []
     assert host["nvml_error"] == "NVML did not start: NVML Shared Library Not Found"
-    assert 0 <= host["cpu_percent"] <= 100 and 0 < host["mem_used"] < host["mem_total"]
+    assert host["cpu_percent"] is None and 0 < host["mem_used"] < host["mem_total"]  # the CPU's first interval
+    host = wait_for(lambda: (h := host_json(cpu_server))["cpu_percent"] is not None and h, 5, what="a CPU reading")
+    assert 0 <= host["cpu_percent"] <= 100
     with cpu_server.api() as api:
         page = api.get("/host").text
     assert "No NVIDIA GPU found" in page and "NVML Shared Library Not Found" in page
     assert "% busy" in page and "used of" in page
+
+
+def test_the_cpu_is_shown_only_once_measured_and_then_busy_while_every_core_is(cpu_server: LiveServer) -> None:
+    spin = "print('spinning', flush=True)\nwhile True: pass"
+    cores = os.cpu_count() or 1
+    spinners = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE) for _ in range(cores)]
+    try:
+        for spinner in spinners:
+            assert spinner.stdout is not None and spinner.stdout.readline() == b"spinning\n"  # started, now spinning
+        with cpu_server.api() as api:
+            first = api.get("/host").text  # the page's first paint: psutil's first reading measures nothing
+            assert "measuring…" in first and "% busy" not in first
+            busy = wait_for(lambda: "% busy" in (page := api.get("/host").text) and page, 5, what="a CPU reading")
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    percent = int(busy.split("% busy")[0].rsplit(">", 1)[-1])
+    assert percent >= 50, busy  # every core spins: the reading says so (before, the first paint said "0% busy")

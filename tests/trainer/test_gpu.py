@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,6 +121,28 @@ def test_without_nvml_the_node_says_why_and_samples_cpu_and_memory(server: LiveS
     assert 0 <= percent <= 100 and 0 < used < total
     with server.api() as api:
         assert not [key for key in api.get(f"/api/runs/{run_id}/metrics").json() if key.startswith("gpu/")]
+
+
+def test_the_first_cpu_sample_is_measured_over_an_interval(server: LiveServer, tmp_path: Path) -> None:
+    spin = "print('spinning', flush=True)\nwhile True: pass"
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE) for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        for spinner in spinners:
+            assert spinner.stdout is not None and spinner.stdout.readline() == b"spinning\n"
+        run_id = open_run(server, TOKEN)
+        environ = {gpu.ENV_FAKE_NVML: str(write_fake(tmp_path / "nvml.json", {"library": "missing"}))}
+        client = reporter(server, run_id, tmp_path, 0)
+        sampler = gpu.GpuSampler(client, host="cpu-node", environ=environ).start()
+        first = wait_for(lambda: series(server, run_id, "sys/cpu-node/cpu_percent"), 20, what="a CPU sample")[0]
+        sampler.stop()
+        client.close()
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert first["value"] >= 50  # every core spins; a first sample taken right after priming psutil said 0
 
 
 def test_a_gpu_that_fails_to_read_stops_only_itself(

@@ -1,0 +1,25 @@
+"""The `rankboard` command, as a user types it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+from app.cli import main
+
+
+def test_version_prints_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"rankboard {metadata.version('rankboard')}\n"
+
+
+def test_the_installed_command_answers_version() -> None:
+    rankboard = f"{sys.prefix}/bin/rankboard"  # the console script pip made for this venv
+    result = subprocess.run([rankboard, "--version"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"rankboard {metadata.version('rankboard')}"
