@@ -106,7 +106,8 @@ def test_inspect_explains_files_that_are_not_checkpoints(client: TestClient, sha
     }
     for path, message in cases.items():
         response = client.get("/api/files/inspect", params={"path": path})
-        assert response.status_code == 422 and message in response.json()["detail"], (path, response.text)
+        assert response.status_code == 422 and message in response.json()["detail"][0]["msg"], (path, response.text)
+        assert response.json()["detail"][0]["loc"] == ["query", "path"]
 
 
 def test_inspect_gives_up_on_a_load_that_takes_too_long(
@@ -114,7 +115,7 @@ def test_inspect_gives_up_on_a_load_that_takes_too_long(
 ) -> None:
     monkeypatch.setattr(checkpoints, "INSPECT_TIMEOUT_S", 0.05)  # less than the child needs just to import torch
     response = client.get("/api/files/inspect", params={"path": "checkpoints/run-1/step-7.pt"})
-    assert response.status_code == 422 and "took longer" in response.json()["detail"]
+    assert response.status_code == 422 and "took longer" in response.json()["detail"][0]["msg"]
     assert not [p for p in os.listdir("/proc") if p.isdigit() and "checkpoint_probe" in _cmdline(p)]
 
 
