@@ -94,6 +94,11 @@ def cuda_only(*, precision: str, sync_batchnorm: bool) -> dict[str, str]:
 
 
 MAX_KEY_LENGTH = 200
+# Steps, epochs and ranks are 32-bit integer columns on the server's PostgreSQL (SQLite's hold 64 bits): a larger
+# one is refused with 422, never stored on one database and lost on the other. GPU samples count steps in unix
+# seconds, which stay below this until 2038.
+MAX_STEP = 2**31 - 1
+MAX_RANK = 1_000_000
 MAX_POINTS_PER_BATCH = 10_000
 MAX_HOST_LENGTH = 100  # a host name in keys and inventories; keeps the longest GPU key well under MAX_KEY_LENGTH
 MAX_GPUS_PER_NODE = 64
