@@ -56,3 +56,21 @@ def test_ingest_is_idempotent_and_keeps_nan_and_inf_on_postgresql(pg_client: Tes
     assert [s for s, _, _ in values] == [1, 2, 3, 4, 5, 6]
     assert math.isnan(values[4][2]) and values[5][2] == -math.inf
     assert pg_client.get("/api/runs", params={"status": "running"}).json()["total"] == 1
+
+
+def test_ids_and_steps_past_postgresqls_integer_columns_are_refused_not_500(pg_client: TestClient) -> None:
+    """PostgreSQL's INTEGER columns hold 32 bits (SQLite's 64): the bounds at the edge are theirs."""
+    run_id = pg_client.post("/api/runs", json={"name": "bounds"}).json()["id"]
+    with pg_client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
+    top = 2**31 - 1  # wire.MAX_STEP
+    assert pg_client.get(f"/api/runs/{top}").status_code == 404
+    assert pg_client.get(f"/api/runs/{top + 1}").json()["detail"][0]["loc"] == ["path", "run_id"]
+    assert post(pg_client, run_id, batch(top)).status_code == 200
+    progress = {"epoch": top, "epochs": top, "step": top, "total_steps": top}
+    assert post(pg_client, run_id, {"points": [], "progress": progress}).status_code == 200
+    assert post(pg_client, run_id, batch(top + 1)).status_code == 422
+    page = pg_client.get(f"/api/runs/{run_id}/metrics/loss", params={"start_step": top, "end_step": top}).json()
+    assert [p["step"] for p in page["points"]] == [top]
+    assert pg_client.get(f"/api/runs/{run_id}/metrics/loss", params={"start_step": top + 1}).status_code == 422
