@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import annotated_types
 import pytest
 from fastapi.routing import APIRoute, iter_route_contexts
 from fastapi.testclient import TestClient
@@ -153,3 +154,19 @@ def test_every_route_that_takes_a_run_id_bounds_it(client: TestClient) -> None:
                 assert "run_id" in response.text, (method, url)
                 checked += 1
     assert checked >= 24
+
+
+def test_every_integer_any_route_takes_has_an_upper_bound(client: TestClient) -> None:
+    """Over app.routes, pages included: an integer parameter without `le` is how the 500s above came about."""
+    unbounded, integers = [], 0
+    for context in iter_route_contexts(client.app.routes):  # type: ignore[attr-defined]
+        route = context.original_route
+        if isinstance(route, APIRoute):
+            dependant = route.dependant
+            for param in dependant.path_params + dependant.query_params + dependant.header_params:
+                if int in (param.field_info.annotation, *getattr(param.field_info.annotation, "__args__", ())):
+                    integers += 1
+                    if not any(isinstance(bound, (annotated_types.Le, annotated_types.Lt)) for bound in
+                               param.field_info.metadata):  # fmt: skip
+                        unbounded.append(f"{route.path} {param.name}")
+    assert integers >= 30 and unbounded == []
