@@ -57,10 +57,20 @@ def resolve_inside(root: Path, relative: str, *, field: str = "path") -> Path:
         raise PathOutsideRoot(f"{relative!r}: '..' is not allowed in paths")
     real_root = root.resolve()
     _check_length(real_root, relative, field=field)
-    resolved = (real_root / candidate).resolve()
+    resolved = _resolved(real_root / candidate)
+    if resolved is None:
+        raise PathNotFound(f"{relative!r} is a symbolic link that leads round in a circle")
     if not resolved.is_relative_to(real_root):
         raise PathOutsideRoot(f"{relative!r} leads outside the shared folder (through a symbolic link)")
     return resolved
+
+
+def _resolved(path: Path) -> Path | None:
+    """The real path, or None where symbolic links lead round in a circle (Python raises RuntimeError or OSError)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError):
+        return None
 
 
 def _encodable(relative: str) -> bool:
@@ -109,11 +119,13 @@ def list_folder(root: Path, relative: str) -> list[Entry]:
     with os.scandir(folder) as items:
         for item in items:
             # Only a link can lead out of the folder; resolving every entry would cost a realpath each.
-            if item.is_symlink() and not Path(item.path).resolve().is_relative_to(real_root):
-                continue
+            if item.is_symlink():
+                target = _resolved(Path(item.path))
+                if target is None or not target.is_relative_to(real_root):
+                    continue  # out of the root, or round in a circle
             try:
                 info = item.stat()
-            except FileNotFoundError:
+            except OSError:
                 continue  # a dangling link
             is_dir = stat.S_ISDIR(info.st_mode)
             size, complete = folder_size(Path(item.path)) if is_dir else (info.st_size, True)
