@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -15,7 +15,7 @@ from app.api import logs as logs_api
 from app.deps import LauncherDep, SessionDep
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus
-from app.params import LogFilter, RunId
+from app.params import LogFilter, LogRankQuery, LogStreamQuery, RunId
 from app.services import logs, runs
 from app.stream import message
 from app.templating import render_block
@@ -50,8 +50,8 @@ def panel_context(run: Run, *, launcher: LocalLauncher) -> dict[str, Any]:
 def log_stream(
     request: Request,
     run_id: RunId,
-    rank: Annotated[str, Query(max_length=20)] = "0",
-    stream: Annotated[str, Query(max_length=20)] = "stdout",
+    rank: LogRankQuery = "0",
+    stream: LogStreamQuery = "stdout",
     filter: LogFilter = "",
 ) -> StreamingResponse:
     """The tail of one log, then its new lines as they are written; ends once the run is over and all was sent."""

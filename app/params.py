@@ -51,10 +51,11 @@ CheckpointNames = Annotated[
 SharedPath = Annotated[str, Query(max_length=PATH_MAX, description="Relative to the shared folder, '/'-separated.")]
 InitFrom = Annotated[str, Query(max_length=1000, description="A checkpoint in the shared folder to start from.")]
 
-LogRank = Annotated[
-    str, Path(pattern=rf"^({LAUNCHER}|[0-9]{{1,6}})$", description="A rank number, or `launcher` for torchrun's own.")
-]
+RANK_PATTERN = rf"^({LAUNCHER}|[0-9]{{1,6}})$"
+LogRank = Annotated[str, Path(pattern=RANK_PATTERN, description="A rank number, or `launcher` for torchrun's own.")]
 LogStream = Annotated[Literal["stdout", "stderr"], Path(description="Which of the rank's outputs.")]
+LogRankQuery = Annotated[str, Query(pattern=RANK_PATTERN, description="A rank number, or `launcher`.")]
+LogStreamQuery = Annotated[Literal["stdout", "stderr"], Query(description="Which of the rank's outputs.")]
 LogLines = Annotated[int, Query(ge=1, le=5000, description="How many of the last lines.")]
 OutputLines = Annotated[int, Query(ge=1, le=1000, description="How many of the last lines of each.")]
 LogFilter = Annotated[str, Query(max_length=200, description="Case-insensitive substring.")]
