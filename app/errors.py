@@ -14,6 +14,8 @@ class RankboardError(Exception):
 
 
 class RunNotFound(RankboardError):
+    """No run has that id."""
+
     status_code = 404
 
     def __init__(self, run_id: int) -> None:
@@ -27,11 +29,14 @@ class RunNotActive(RankboardError):
 
 
 class InvalidToken(RankboardError):
+    """The trainer's bearer token is missing or is not the one its run was launched with."""
+
     status_code = 401
 
 
 class FieldInvalid(RankboardError):
-    """One field of a request is wrong; reported like a validation error, naming the field."""
+    """One field of a request is wrong; reported like a validation error, naming the field (a parameter's name, or
+    a body field's), and the message names it too, for pages."""
 
     status_code = 422
 
@@ -51,18 +56,27 @@ class FormInvalid(RankboardError):
         self.values = values
 
 
+class PathTooLong(FieldInvalid):
+    """A path longer than a file system takes: a name in it over 255 bytes, or over 4096 bytes in all."""
+
+
 class PathOutsideRoot(RankboardError):
+    """The path leads outside the shared folder (absolute, `..`, a link that leaves it), or holds NUL or `\\`."""
+
     status_code = 400
 
 
 class PathNotFound(RankboardError):
+    """No such file, folder, checkpoint or log."""
+
     status_code = 404
 
 
-class NotACheckpoint(RankboardError):
+class NotACheckpoint(FieldInvalid):
     """A file that cannot be read as a checkpoint (corrupt, something else, too big or slow to load safely)."""
 
-    status_code = 422
+    def __init__(self, message: str, field: str = "path") -> None:
+        super().__init__(field, message)
 
 
 class SchemaMismatch(RankboardError):

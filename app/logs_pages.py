@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, StreamingResponse
 
@@ -15,6 +15,7 @@ from app.api import logs as logs_api
 from app.deps import LauncherDep, SessionDep
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus
+from app.params import LogFilter, LogRankQuery, LogStreamQuery, RunId
 from app.services import logs, runs
 from app.stream import message
 from app.templating import render_block
@@ -26,7 +27,7 @@ TAIL_LINES = 200
 
 
 @pages.get("/runs/{run_id}/logs", response_class=HTMLResponse)
-def logs_panel(request: Request, run_id: int, db: SessionDep, launcher: LauncherDep) -> HTMLResponse:
+def logs_panel(request: Request, run_id: RunId, db: SessionDep, launcher: LauncherDep) -> HTMLResponse:
     """The panel: rank and stream choices, the filter, and what went wrong; its script starts the live tail."""
     context = panel_context(runs.get_run(db, run_id=run_id), launcher=launcher)
     return HTMLResponse(render_block(request.app.state.templates, "_logs.html", "panel", context))
@@ -48,10 +49,10 @@ def panel_context(run: Run, *, launcher: LocalLauncher) -> dict[str, Any]:
 @pages.get("/runs/{run_id}/logs/stream")
 def log_stream(
     request: Request,
-    run_id: int,
-    rank: str = "0",
-    stream: str = "stdout",
-    filter: Annotated[str, Query(max_length=200)] = "",
+    run_id: RunId,
+    rank: LogRankQuery = "0",
+    stream: LogStreamQuery = "stdout",
+    filter: LogFilter = "",
 ) -> StreamingResponse:
     """The tail of one log, then its new lines as they are written; ends once the run is over and all was sent."""
     # No request-long session: each poll opens its own (see app.pages.run_stream for why).

@@ -8,7 +8,10 @@ from importlib import metadata
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
 from app import logs_pages, pages
@@ -18,7 +21,7 @@ from app.api import health
 from app.api import host as host_api
 from app.api import runs as runs_api
 from app.db import make_engine, make_sessionmaker, prepare_schema
-from app.errors import FieldInvalid, RankboardError
+from app.errors import FieldInvalid, FormInvalid, RankboardError
 from app.launcher.local import LocalLauncher
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
@@ -60,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.supervisor, app.state.templates = supervisor, make_templates()
     app.state.host_sampler = host_sampler
     app.add_exception_handler(RankboardError, _error_response)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.include_router(health.router)
     app.include_router(host_api.router)
     app.include_router(runs_api.router)
@@ -72,10 +76,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def _error_response(request: Request, exc: RankboardError) -> Response:
-    """Domain errors as JSON under /api (shaped like validation errors when a field is wrong), else as a page."""
-    if request.url.path.startswith("/api"):
-        if isinstance(exc, FieldInvalid):
-            detail = [{"loc": ["body", exc.field], "msg": exc.message, "type": "value_error"}]
-            return JSONResponse({"detail": detail}, status_code=exc.status_code)
+    """Domain errors as JSON under /api (a 422 shaped like FastAPI's validation errors, naming the field and where it
+    was: path, query, header or body), else as a page."""
+    if not request.url.path.startswith("/api"):
+        return pages.error_page(request, exc)
+    if isinstance(exc, FieldInvalid):
+        errors = {exc.field: exc.message}
+    elif isinstance(exc, FormInvalid):
+        errors = exc.errors
+    else:
         return JSONResponse({"detail": exc.message}, status_code=exc.status_code)
-    return pages.error_page(request, exc)
+    detail = [{"loc": [_location(request, field), field], "msg": message, "type": "value_error"}
+              for field, message in errors.items()]  # fmt: skip
+    return JSONResponse({"detail": detail}, status_code=exc.status_code)
+
+
+def _location(request: Request, field: str) -> str:
+    """Where the request carried a field: a parameter of the route's, by its name, or else the body."""
+    route = request.scope.get("route")
+    if isinstance(route, APIRoute):
+        for location, params in (("path", route.dependant.path_params), ("query", route.dependant.query_params),
+                                 ("header", route.dependant.header_params)):  # fmt: skip
+            if any(param.alias == field for param in params):
+                return location
+    return "body"
+
+
+async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
+    """FastAPI's 422 under /api; on a page, the error page naming the first wrong parameter."""
+    if request.url.path.startswith("/api"):
+        return await request_validation_exception_handler(request, exc)
+    error = exc.errors()[0]
+    field = next((str(part) for part in reversed(error["loc"]) if isinstance(part, str)), "request")
+    return pages.error_page(request, FieldInvalid(field, f"{field}: {error['msg']}"))

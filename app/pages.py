@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -14,6 +14,7 @@ from app.errors import FieldInvalid, FormInvalid, RankboardError
 from app.forms import as_form_text, parse_run_form, run_form_groups
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus
+from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
 from app.schemas import RunCreate
 from app.services import checkpoints, files, health, host, metrics, run_charts, runs, storage
 from app.stream import Snapshot, run_events
@@ -46,7 +47,9 @@ HtmxRequest = Annotated[str | None, Header(alias="HX-Request")]
 
 
 @router.get("/", response_class=HTMLResponse)
-def runs_page(request: Request, db: SessionDep, status: RunStatus | None = None, page_number: int = 1) -> Response:
+def runs_page(
+    request: Request, db: SessionDep, status: RunStatus | None = None, page_number: PageNumber = 1
+) -> Response:
     offset = (max(page_number, 1) - 1) * PAGE_SIZE
     items, total = runs.list_runs(db, status=status, limit=PAGE_SIZE, offset=offset)
     context = {
@@ -65,7 +68,7 @@ def runs_page(request: Request, db: SessionDep, status: RunStatus | None = None,
 
 @router.get("/runs/new", response_class=HTMLResponse)
 def new_run_page(
-    request: Request, db: SessionDep, launcher: LauncherDep, from_run: int | None = None, init_from: str = ""
+    request: Request, db: SessionDep, launcher: LauncherDep, from_run: FromRun = None, init_from: InitFrom = ""
 ) -> Response:
     """The form; `from_run` fills it with that run's options, `init_from` names a checkpoint to start from."""
     values = run_options(runs.get_run(db, run_id=from_run)) if from_run is not None else {}
@@ -98,7 +101,7 @@ def create_run(db: SessionDep, launcher: LauncherDep, values: FormValues) -> Res
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(request: Request, run_id: int, db: SessionDep, launcher: LauncherDep) -> Response:
+def run_page(request: Request, run_id: RunId, db: SessionDep, launcher: LauncherDep) -> Response:
     """The run page; its `charts` fragment alone for the page's script when a new metric key arrives."""
     run = runs.get_run(db, run_id=run_id)
     charts = run_charts.run_charts(db, run=run)
@@ -108,7 +111,9 @@ def run_page(request: Request, run_id: int, db: SessionDep, launcher: LauncherDe
 
 
 @router.post("/runs/{run_id}/stop")
-def stop_run(request: Request, run_id: int, db: SessionDep, launcher: LauncherDep, hx: HtmxRequest = None) -> Response:
+def stop_run(
+    request: Request, run_id: RunId, db: SessionDep, launcher: LauncherDep, hx: HtmxRequest = None
+) -> Response:
     run = runs.stop_run(db, run_id=run_id, launcher=launcher)
     if hx:
         return HTMLResponse(render_block(templates_of(request), "run.html", "status", run_context(run, launcher)))
@@ -116,7 +121,7 @@ def stop_run(request: Request, run_id: int, db: SessionDep, launcher: LauncherDe
 
 
 @router.post("/runs/{run_id}/resume")
-def resume_run(run_id: int, db: SessionDep, launcher: LauncherDep) -> Response:
+def resume_run(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> Response:
     runs.resume_run(db, run_id=run_id, launcher=launcher)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
@@ -124,10 +129,10 @@ def resume_run(run_id: int, db: SessionDep, launcher: LauncherDep) -> Response:
 @router.delete("/runs/{run_id}/checkpoints", response_class=HTMLResponse)
 def delete_checkpoints(
     request: Request,
-    run_id: int,
+    run_id: RunId,
     db: SessionDep,
     launcher: LauncherDep,
-    name: Annotated[list[str] | None, Query()] = None,
+    name: CheckpointNames = None,
 ) -> Response:
     run = runs.get_run(db, run_id=run_id)
     checkpoints.delete_checkpoints(run, names=name, dry_run=False, launcher=launcher)
@@ -144,14 +149,14 @@ def host_page(request: Request, db: SessionDep) -> Response:
 
 
 @router.get("/files", response_class=HTMLResponse)
-def files_page(request: Request, path: str = "") -> Response:
+def files_page(request: Request, path: SharedPath = "") -> Response:
     root = request.app.state.settings.shared
     crumbs = [(part, "/".join(path.split("/")[: i + 1])) for i, part in enumerate(p for p in path.split("/") if p)]
     return page(request, "files.html", {"path": path, "crumbs": crumbs, "entries": storage.list_folder(root, path)})
 
 
 @router.get("/files/inspect", response_class=HTMLResponse)
-def inspect_page(request: Request, path: str) -> Response:
+def inspect_page(request: Request, path: SharedPath) -> Response:
     inspection = checkpoints.inspect(request.app.state.settings.shared, path)
     return page(request, "inspect.html", {"inspection": inspection, "folder": path.rsplit("/", 1)[0]})
 
@@ -159,9 +164,9 @@ def inspect_page(request: Request, path: str) -> Response:
 @router.get("/runs/{run_id}/stream")
 def run_stream(
     request: Request,
-    run_id: int,
-    after: Annotated[int, Query(ge=0, description="The page's newest point id when it loaded.")] = 0,
-    last_event_id: Annotated[int | None, Header(ge=0)] = None,
+    run_id: RunId,
+    after: After = 0,
+    last_event_id: LastEventId = None,
 ) -> StreamingResponse:
     """New points, status and output of a run; from `after`, or on a reconnect from the last point received."""
     # No request-long session: an SSE connection lasts hours, and an open read transaction would keep SQLite

@@ -223,19 +223,19 @@ class PointIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     key: Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_KEY_LENGTH)]
-    step: int = Field(ge=0, le=2**62, strict=True)  # strict: a step is an integer, never "7", 7.0 or true
+    step: int = Field(ge=0, le=wire.MAX_STEP, strict=True)  # strict: a step is an integer, never "7", 7.0 or true
     value: MetricValue
-    rank: int = Field(default=0, ge=0, le=1_000_000, strict=True)
+    rank: int = Field(default=0, ge=0, le=wire.MAX_RANK, strict=True)
     time: float = Field(default=0.0, allow_inf_nan=False)
 
 
 class ProgressIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    epoch: int = Field(ge=0, le=2**31 - 1)
-    epochs: int = Field(ge=0, le=2**31 - 1)
-    step: int = Field(ge=0, le=2**62)
-    total_steps: int = Field(ge=0, le=2**62)
+    epoch: int = Field(ge=0, le=wire.MAX_EPOCH)
+    epochs: int = Field(ge=0, le=wire.MAX_EPOCH)
+    step: int = Field(ge=0, le=wire.MAX_STEP)
+    total_steps: int = Field(ge=0, le=wire.MAX_STEP)
     samples_per_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     finished: bool = False
     restart: int = Field(default=0, ge=0, le=1_000_000)
@@ -267,9 +267,9 @@ class HeartbeatIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rank: int = Field(ge=0, le=1_000_000, strict=True)
+    rank: int = Field(ge=0, le=wire.MAX_RANK, strict=True)
     host: HostName
-    step: int = Field(ge=0, le=2**62, strict=True)
+    step: int = Field(ge=0, le=wire.MAX_STEP, strict=True)
 
 
 class BatchIn(BaseModel):
@@ -281,6 +281,12 @@ class BatchIn(BaseModel):
     progress: ProgressIn | None = None
     node: NodeIn | None = None
     heartbeat: HeartbeatIn | None = None
+
+
+class ErrorOut(BaseModel):
+    """A domain error: what cannot be done, and why, in the user's words."""
+
+    detail: str
 
 
 class IngestResult(BaseModel):

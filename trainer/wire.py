@@ -94,6 +94,11 @@ def cuda_only(*, precision: str, sync_batchnorm: bool) -> dict[str, str]:
 
 
 MAX_KEY_LENGTH = 200
+# Steps are 64-bit columns on every database (GPU samples count steps in unix seconds, past 2**31 in 2038; long
+# runs count far): a larger one is refused with 422, never stored on one database and failing on the other.
+MAX_STEP = 2**62
+MAX_EPOCH = 2**31 - 1  # a 32-bit column on PostgreSQL
+MAX_RANK = 1_000_000
 MAX_POINTS_PER_BATCH = 10_000
 MAX_HOST_LENGTH = 100  # a host name in keys and inventories; keeps the longest GPU key well under MAX_KEY_LENGTH
 MAX_GPUS_PER_NODE = 64

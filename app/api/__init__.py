@@ -1,1 +1,30 @@
 """The REST API under /api: everything the pages do, as JSON, documented at /docs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.errors import RankboardError
+from app.schemas import ErrorOut
+
+
+def documented(*errors: type[RankboardError]) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route that raises these domain errors: each status, `{"detail": str}`.
+
+    A 422 is left to FastAPI, which documents its validation-error list for every route with parameters; app.main
+    answers domain 422s in that same shape.
+    """
+    reasons: dict[int, list[str]] = {}
+    for error in errors:
+        reasons.setdefault(error.status_code, []).append((error.__doc__ or error.__name__).strip().split("\n")[0])
+    return {
+        status: {"model": ErrorOut, "description": " Or: ".join(texts)}
+        for status, texts in sorted(reasons.items())
+        if status != 422
+    }
+
+
+# FastAPI answers 400 itself for a body it cannot read as text (not UTF-8); JSON it cannot parse is a 422.
+UNREADABLE_BODY: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "The body is not UTF-8 text."}
+}

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
+from app.api import documented
 from app.deps import LauncherDep, SessionDep
 from app.diagnose import Diagnosis
+from app.errors import PathNotFound, RunNotFound
+from app.params import LogFilter, LogLines, LogRank, LogStream, RunId
 from app.services import logs, runs
 
 router = APIRouter(prefix="/api/runs", tags=["logs"])
 
-RankPath = Annotated[str, Field(description="A rank number, or `launcher` for torchrun's own output.")]
-StreamPath = Annotated[str, Field(description="`stdout` or `stderr`.")]
+
+A_LOG = {
+    "description": "The whole file, as it was when asked for.",
+    "content": {"text/plain": {"schema": {"type": "string"}}},
+}
 
 
 class LogFileOut(BaseModel):
@@ -49,8 +53,9 @@ class DiagnosisOut(BaseModel):
     traceback: str | None
 
 
-@router.get("/{run_id}/logs", response_model=list[LogFileOut], summary="A run's log files: each rank's and torchrun's")
-def list_logs(run_id: int, db: SessionDep, launcher: LauncherDep) -> list[LogFileOut]:
+@router.get("/{run_id}/logs", response_model=list[LogFileOut], responses=documented(RunNotFound),
+            summary="A run's log files: each rank's and torchrun's")  # fmt: skip
+def list_logs(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> list[LogFileOut]:
     files = logs.log_files(runs.get_run(db, run_id=run_id), launcher=launcher)
     return [
         LogFileOut(rank=f.rank, stream=f.stream, size=f.size, attempt=f.attempt, url=_url(run_id, f)) for f in files
@@ -61,15 +66,16 @@ def _url(run_id: int, file: logs.LogFile) -> str:
     return f"/api/runs/{run_id}/logs/{file.rank_name}/{file.stream}"
 
 
-@router.get("/{run_id}/logs/{rank}/{stream}", response_model=TailOut, summary="The last lines of a log, filtered")
+@router.get("/{run_id}/logs/{rank}/{stream}", response_model=TailOut, responses=documented(RunNotFound, PathNotFound),
+            summary="The last lines of a log, filtered")  # fmt: skip
 def tail_log(
-    run_id: int,
-    rank: RankPath,
-    stream: StreamPath,
+    run_id: RunId,
+    rank: LogRank,
+    stream: LogStream,
     db: SessionDep,
     launcher: LauncherDep,
-    lines: Annotated[int, Query(ge=1, le=5000)] = 200,
-    filter: Annotated[str, Query(max_length=200, description="Case-insensitive substring.")] = "",
+    lines: LogLines = 200,
+    filter: LogFilter = "",
 ) -> TailOut:
     run = runs.get_run(db, run_id=run_id)
     found = logs.tail_log(run, launcher=launcher, rank=rank, stream=stream, lines=lines, filter=filter)
@@ -77,9 +83,11 @@ def tail_log(
                    scanned=found.scanned, budget_hit=found.budget_hit)  # fmt: skip
 
 
-@router.get("/{run_id}/logs/{rank}/{stream}/download", summary="A whole log file, as an attachment")
+@router.get("/{run_id}/logs/{rank}/{stream}/download", response_class=Response,
+            responses={**documented(RunNotFound, PathNotFound), 200: A_LOG},
+            summary="A whole log file, as an attachment")  # fmt: skip
 def download_log(
-    run_id: int, rank: RankPath, stream: StreamPath, db: SessionDep, launcher: LauncherDep
+    run_id: RunId, rank: LogRank, stream: LogStream, db: SessionDep, launcher: LauncherDep
 ) -> StreamingResponse:
     file = logs.log_file(runs.get_run(db, run_id=run_id), launcher=launcher, rank=rank, stream=stream)
     headers = {
@@ -89,6 +97,7 @@ def download_log(
     return StreamingResponse(logs.download(file), media_type="text/plain; charset=utf-8", headers=headers)
 
 
-@router.get("/{run_id}/diagnoses", response_model=list[DiagnosisOut], summary="What went wrong, read from the logs")
-def diagnoses(run_id: int, db: SessionDep, launcher: LauncherDep) -> list[Diagnosis]:
+@router.get("/{run_id}/diagnoses", response_model=list[DiagnosisOut], responses=documented(RunNotFound),
+            summary="What went wrong, read from the logs")  # fmt: skip
+def diagnoses(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> list[Diagnosis]:
     return logs.diagnoses(runs.get_run(db, run_id=run_id), launcher=launcher)

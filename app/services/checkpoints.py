@@ -76,7 +76,7 @@ def _describe(entry: os.DirEntry[str], step: int, path: str) -> dict[str, Any]:
 def checked_init_from(root: Path, init_from: str) -> str:
     """The checkpoint a new run starts from, as a normalized path in the shared folder; FieldInvalid if unusable."""
     try:
-        path = storage.existing(root, init_from)
+        path = storage.existing(root, init_from, field="init_from")
     except (PathOutsideRoot, PathNotFound) as error:
         raise FieldInvalid("init_from", error.message) from None
     if not path.is_file() or path.suffix != ".pt":

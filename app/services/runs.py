@@ -81,9 +81,9 @@ def checked_script(roots: Sequence[Path], script: str) -> str:
             if root is None:
                 allowed = " or ".join(str(root) for root in roots)
                 raise FieldInvalid("script", f"{script!r} is outside the folders scripts may be in ({allowed})")
-            resolved = storage.existing(root, str(path.relative_to(root)))
+            resolved = storage.existing(root, str(path.relative_to(root)), field="script")
         else:
-            resolved = storage.existing(roots[0], script)
+            resolved = storage.existing(roots[0], script, field="script")
     except (PathOutsideRoot, PathNotFound) as error:
         raise FieldInvalid("script", error.message) from None
     if not resolved.is_file() or resolved.suffix != ".py":

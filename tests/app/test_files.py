@@ -106,7 +106,8 @@ def test_inspect_explains_files_that_are_not_checkpoints(client: TestClient, sha
     }
     for path, message in cases.items():
         response = client.get("/api/files/inspect", params={"path": path})
-        assert response.status_code == 422 and message in response.json()["detail"], (path, response.text)
+        assert response.status_code == 422 and message in response.json()["detail"][0]["msg"], (path, response.text)
+        assert response.json()["detail"][0]["loc"] == ["query", "path"]
 
 
 def test_inspect_gives_up_on_a_load_that_takes_too_long(
@@ -114,7 +115,7 @@ def test_inspect_gives_up_on_a_load_that_takes_too_long(
 ) -> None:
     monkeypatch.setattr(checkpoints, "INSPECT_TIMEOUT_S", 0.05)  # less than the child needs just to import torch
     response = client.get("/api/files/inspect", params={"path": "checkpoints/run-1/step-7.pt"})
-    assert response.status_code == 422 and "took longer" in response.json()["detail"]
+    assert response.status_code == 422 and "took longer" in response.json()["detail"][0]["msg"]
     assert not [p for p in os.listdir("/proc") if p.isdigit() and "checkpoint_probe" in _cmdline(p)]
 
 
@@ -128,3 +129,20 @@ def _cmdline(pid: str) -> str:
 def test_browse_page_shows_the_folder_and_the_disk(client: TestClient, shared: Path) -> None:
     page = client.get("/files", params={"path": "checkpoints/run-1"}).text
     assert "step-7.pt" in page and "Inspect" in page and "free of" in page
+
+
+def test_links_that_lead_round_in_a_circle_are_404_and_their_folder_still_lists(
+    client: TestClient, shared: Path
+) -> None:
+    (shared / "datasets" / "loop").symlink_to("loop")
+    (shared / "datasets" / "ping").symlink_to("pong")
+    (shared / "datasets" / "pong").symlink_to("ping")
+    for endpoint in ("/api/files", "/api/files/download", "/api/files/inspect", "/files"):
+        for path in ("datasets/loop", "datasets/ping/x"):
+            response = client.get(endpoint, params={"path": path})
+            assert response.status_code == 404 and "circle" in response.text, (endpoint, path, response.text)
+    listing = client.get("/api/files", params={"path": "datasets"})
+    assert listing.status_code == 200 and "loop" not in {e["name"] for e in listing.json()["entries"]}
+    assert client.get("/files", params={"path": "datasets"}).status_code == 200
+    refused = client.post("/api/runs", json={"init_from": "datasets/ping"})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "init_from"]

@@ -86,3 +86,21 @@ def test_steps_past_32_bits_are_stored_on_postgresql(pg_client: TestClient) -> N
     assert pg_client.get(f"/api/runs/{run_id}").json()["step"] == far + 19  # its highest training step
     chart = pg_client.get(f"/api/runs/{run_id}/chart", params={"key": "loss", "width": 2}).json()
     assert chart["ranks"]["0"]["step"][-1] == far + 19  # read from the tiers, whose buckets are past 2**31 too
+
+
+def test_ids_and_steps_past_their_columns_are_refused_not_500(pg_client: TestClient) -> None:
+    """Run ids and epochs are PostgreSQL INTEGERs (32 bits), steps BIGINTs: the bounds at the edge are theirs."""
+    run_id = running_run(pg_client)
+    top_id = 2**31 - 1
+    assert pg_client.get(f"/api/runs/{top_id}").status_code == 404
+    assert pg_client.get(f"/api/runs/{top_id + 1}").json()["detail"][0]["loc"] == ["path", "run_id"]
+    top = wire.MAX_STEP
+    assert post(pg_client, run_id, batch(top)).status_code == 200
+    progress = {"epoch": wire.MAX_EPOCH, "epochs": wire.MAX_EPOCH, "step": top, "total_steps": top}
+    assert post(pg_client, run_id, {"points": [], "progress": progress}).status_code == 200
+    progress["epoch"] = wire.MAX_EPOCH + 1
+    assert post(pg_client, run_id, {"points": [], "progress": progress}).status_code == 422
+    assert post(pg_client, run_id, batch(top + 1)).status_code == 422
+    page = pg_client.get(f"/api/runs/{run_id}/metrics/loss", params={"start_step": top, "end_step": top}).json()
+    assert [p["step"] for p in page["points"]] == [top]
+    assert pg_client.get(f"/api/runs/{run_id}/metrics/loss", params={"start_step": top + 1}).status_code == 422

@@ -1,0 +1,120 @@
+"""The whole /api fuzzed from its own OpenAPI document (schemathesis): no 5xx, and every answer as documented.
+
+Each operation gets a bounded number of generated requests, valid and invalid, against the real app over a store
+seeded with runs in several states, their metrics, a checkpoint and logs, so that requests reach past the 404s.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import schemathesis
+import torch
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, settings
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from app.main import create_app
+from app.models import Run, RunStatus
+from app.schemas import BatchIn
+from app.services import metrics
+from app.services.runs import hash_token
+from app.settings import Settings
+from trainer import wire
+
+TOKEN = "fuzz-token"
+CHECKS = [schemathesis.checks.not_a_server_error, status_code_conformance, content_type_conformance,
+          response_schema_conformance]  # fmt: skip
+MAX_EXAMPLES = 25
+requests_sent: list[int] = []
+
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[dict[str, Any]]], Callable[..., Awaitable[None]]], Any]
+
+
+def without_lifespan(app: ASGIApp) -> ASGIApp:
+    """The app with its lifespan answered here: the supervisor never starts, so no torchrun is ever launched and
+    the seeded runs keep their states."""
+
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            return await app(scope, receive, send)
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+
+    return asgi
+
+
+def seed(app: Any) -> None:
+    """Runs in five states (run 1 running with TOKEN), metric points, a checkpoint with its sidecar, and logs."""
+    launcher = app.state.launcher
+    with app.state.sessions() as db, db.begin():
+        for status in (RunStatus.running, RunStatus.succeeded, RunStatus.failed, RunStatus.stopped, RunStatus.queued):
+            db.add(Run(name=f"{status.value} run", status=status, status_reason="seeded", workload="mlp",
+                       nproc_per_node=2, epochs=2, batch_size=8, lr=0.01, checkpoint_every=1, seed=0,
+                       token_hash=hash_token(TOKEN) if status == RunStatus.running else None))  # fmt: skip
+    with app.state.sessions() as db:
+        batch = BatchIn.model_validate(
+            wire.Batch(tuple(wire.Point("loss", s, 1 / s, s % 2) for s in range(1, 50))).to_json()
+        )
+        metrics.ingest(db, run_id=1, token=TOKEN, batch=batch)
+        for run in db.query(Run).all():
+            folder = launcher.checkpoint_dir(run)
+            folder.mkdir(parents=True)
+            torch.save({"model": torch.nn.Linear(2, 2).state_dict(), "step": 8}, folder / wire.checkpoint_name(8))
+            sidecar = wire.CheckpointSidecar(wire.checkpoint_name(8), 8, 1, {"loss": 0.5}, 1000, 1.7e9, "epoch")
+            (folder / wire.sidecar_name(wire.checkpoint_name(8))).write_text(json.dumps(sidecar.to_json()))
+            ranks = launcher.run_dir(run) / "ranks" / "rdzv_x" / "attempt_0"
+            for rank in (0, 1):
+                (ranks / str(rank)).mkdir(parents=True)
+                (ranks / str(rank) / "stdout.log").write_text("".join(f"step {s} loss 0.5\n" for s in range(30)))
+                (ranks / str(rank) / "stderr.log").write_text("Traceback (most recent call last):\nValueError: x\n")
+            (launcher.run_dir(run) / "launcher.log").write_text("torchrun started\n")
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[schemathesis.BaseSchema]:
+    root = tmp_path_factory.mktemp("fuzz")
+    app = create_app(Settings(data_dir=root / "data", shared_dir=root / "shared", supervise_interval_s=3600, slots=2))
+    seed(app)
+    started = time.monotonic()
+    yield schemathesis.openapi.from_asgi("/openapi.json", without_lifespan(app))
+    print(f"\nfuzzed /api: {len(requests_sent)} requests in {time.monotonic() - started:.1f} s")
+
+
+schema = schemathesis.pytest.from_fixture("api")
+
+
+@schema.parametrize()
+@settings(
+    max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+)
+def test_every_operation_answers_as_documented(case: schemathesis.Case) -> None:
+    requests_sent.append(1)
+    case.call_and_validate(headers={"Authorization": f"Bearer {TOKEN}"}, checks=CHECKS)
+
+
+def test_downloads_are_documented_as_files_and_errors_with_their_model(client: TestClient) -> None:
+    document = client.get("/openapi.json").json()
+    paths = document["paths"]
+    file_download = paths["/api/files/download"]["get"]["responses"]
+    log_download = paths["/api/runs/{run_id}/logs/{rank}/{stream}/download"]["get"]["responses"]
+    assert list(file_download["200"]["content"]) == ["application/octet-stream"]
+    assert list(log_download["200"]["content"]) == ["text/plain"]
+    error = {"$ref": "#/components/schemas/ErrorOut"}
+    assert file_download["404"]["content"]["application/json"]["schema"] == error
+    assert log_download["404"]["content"]["application/json"]["schema"] == error
+    ingest = paths["/api/runs/{run_id}/metrics"]["post"]["responses"]
+    assert {"200", "400", "401", "404", "409", "422"} <= set(ingest)
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            if "{run_id}" in path:
+                assert "404" in operation["responses"], (method, path)
