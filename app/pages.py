@@ -51,6 +51,7 @@ def runs_page(request: Request, db: SessionDep, status: RunStatus | None = None,
     items, total = runs.list_runs(db, status=status, limit=PAGE_SIZE, offset=offset)
     context = {
         "runs": items,
+        "durations": {run.id: runs.elapsed(run) for run in items},  # None until started; up to now while live
         "total": total,
         "status": status,
         "page_number": max(page_number, 1),
