@@ -192,17 +192,20 @@ def run_stream(
 def run_context(run: Run, launcher: LocalLauncher) -> dict[str, Any]:
     """What the run page and its fragments show."""
     elapsed = runs.elapsed(run)
-    eta = None
-    if elapsed is not None and 0 < run.step < run.total_steps and not run.status.is_final:
+    progress = health.assess_now(run, stall_after_s=launcher.settings.stall_after_s)
+    moving = run.status == RunStatus.running and progress.state == "ok"
+    eta = None  # only while it trains and moves: a stalled, stopping or waiting run will not end at its pace so far
+    if elapsed is not None and 0 < run.step < run.total_steps and moving:
         eta = elapsed * ((run.total_steps - run.step) / run.step)
+    # While the health box tells the stall live, its event's words (frozen at the time) would only repeat it.
+    told = progress.state != "ok" and run.status_reason.startswith(health.NOT_PROGRESSING)
     return {
-        "run": run, "elapsed": elapsed, "eta": eta,
+        "run": run, "elapsed": elapsed, "eta": eta, "health": progress, "reason": "" if told else run.status_reason,
         "percent": 100 * run.step / run.total_steps if run.total_steps else 0,
         "outputs": [o for o in files.rank_outputs(run, launcher=launcher) if o.lines],
         "checkpoints": checkpoints.list_checkpoints(run, launcher=launcher, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, launcher=launcher),
         "checkpoint_dir": launcher.checkpoint_dir(run), "grace": timedelta(seconds=launcher.settings.stop_grace_s),
-        "health": health.assess_now(run, stall_after_s=launcher.settings.stall_after_s),
     }  # fmt: skip
 
 

@@ -176,7 +176,9 @@ def _settle(sessions: Sessions, seeded: dict[str, Seeded]) -> None:
         for state, one in seeded.items():
             run = db.get(Run, one.id)
             assert run is not None
-            run.started_at = now - (timedelta(seconds=30) if state == "starting" else timedelta(hours=1))
+            if state != "queued":
+                run.started_at = now - (timedelta(seconds=30) if state == "starting" else timedelta(hours=1))
+                run.created_at = run.started_at - timedelta(seconds=5)
             _SETTLE.get(state, lambda db, run, now: None)(db, run, now)
 
 
@@ -190,7 +192,8 @@ def _ended(status: RunStatus, exit_code: int | None, reason: str) -> Callable[[S
         if status == RunStatus.stopped:
             _stopping(db, run, now - timedelta(minutes=2))
         run.finished_at, run.exit_code, run.devices, run.final_loss = now - timedelta(minutes=1), exit_code, None, 0.05
-        run.trainer_finished = status == RunStatus.succeeded
+        if status == RunStatus.succeeded:
+            run.trainer_finished, run.step, run.epoch = True, run.total_steps, run.epochs
         run_store.set_status(db, run, status, reason)
 
     return end
@@ -220,10 +223,10 @@ def supervisor_has_seen(api: httpx.Client, seeded: dict[str, Seeded]) -> bool:
 
 
 def bulk_runs(sessions: Sessions, count: int) -> None:
-    """`count` older runs in every status, inserted at once: a store with a long history, for the list's pages."""
+    """`count` older runs that ended each way, inserted at once: a store with a long history, for the list's pages."""
     spec = RunCreate().model_dump(exclude={"allow_low_disk"})
-    # No live status: a supervisor would find no process behind such a run and end it as lost.
-    now, statuses = utcnow(), [status for status in RunStatus if not status.has_process]
+    # Only ended runs: a supervisor would find no process behind a live one and end it as lost, and launch a queued one.
+    now, statuses = utcnow(), [status for status in RunStatus if status.is_final]
     rows = []
     for i in range(count):
         status = statuses[i % len(statuses)]

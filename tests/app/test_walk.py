@@ -159,10 +159,15 @@ def run_page(answer: Answer) -> None:
     )
     if run.state not in UNSTARTED:
         assert 'id="step-time-box"' in answer.text and 'id="gpu-util-box"' in answer.text
-        assert "of 100 (40.0%)" in answer.text and f"<code>{run.checkpoint}</code>" in answer.text
+        progress = "100 of 100 (100.0%)" if run.state == "succeeded" else "40 of 100 (40.0%)"
+        assert progress in answer.text and f"<code>{run.checkpoint}</code>" in answer.text
         assert "[rank 1] step 40 loss 0.0500" in answer.text  # each rank's output
-    if run.state == "not progressing":
+    if run.state == "not progressing":  # told once, live, in the box (not again, frozen, in the reason line)
         assert 'id="health"' in answer.text and "Not progressing" in answer.text
+        assert '<p class="reason">not progressing' not in answer.text
+    # An ETA only while it trains and moves; no time counted while it waits to be launched again.
+    assert ("<dt>ETA</dt><dd>–</dd>" in answer.text) != (run.state in ("running", "restarted"))
+    assert ("<dt>Elapsed</dt><dd>–</dd>" in answer.text) == (run.status == RunStatus.queued)
     if run.status.is_final:
         assert 'id="final-loss">0.0500<' in answer.text
     if run.state in ("stopped", "failed", "lost"):
@@ -229,8 +234,11 @@ def runs_list(answer: Answer) -> None:
     shown = matching[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
     rows = re.findall(r'<td><a href="/runs/(\d+)">', answer.text)
     assert [int(row) for row in rows] == [run[0] for run in shown]
-    for _id, name, run_status in shown:
-        assert f">{escape(name)}</a>" in answer.text and f"status-{run_status.value}" in answer.text
+    for run_id, name, run_status in shown:
+        row = answer.text.partition(f'<a href="/runs/{run_id}">')[2].partition("</tr>")[0]
+        assert row.startswith(f"{escape(name)}</a>") and f"status-{run_status.value}" in row
+        duration = re.findall(r"<td>(.*?)</td>", row)[-2]
+        assert (duration == "–") == (run_status == RunStatus.queued), (name, duration)  # waiting: no time counts
     if answer.query.get("_target") == "runs-table":
         assert answer.text.lstrip().startswith('<div id="runs-table"') and "<html" not in answer.text
     if not answer.store.runs and not status:
