@@ -117,3 +117,16 @@ def test_every_page_with_no_run_one_run_and_a_run_in_every_state(walk: Walk, bro
         look(page, f"{server.url}/files/inspect?path={done.checkpoint_path}", "model.weight")
     finally:
         context.close()
+
+
+def test_chart_axes_read_as_a_person_reads_them(walk: Walk, page: Page) -> None:
+    """What the walk's screenshots showed: a learning-rate axis of 0.002, 0.0015, 0.001, 5.00e-4; GPUs at 97% on an
+    axis up to 150%. (uPlot draws its axes on a canvas: the page's own functions are asked instead.)"""
+    page.goto(walk.server.url + "/runs/new")
+    read = page.evaluate("""async () => {
+        const chart = await import("/static/charts/chart.js");
+        return {lr: [0.002, 0.0015, 0.001, 0.0005, 0].map((v) => chart.formatValue("", v)),
+                tiny: chart.formatValue("", 0.00003), util: chart.yScale("%").range(null, 97, 97),
+                over: chart.yScale("%").range(null, 20, 120), loss: chart.yScale("").range}; }""")
+    assert read["lr"] == ["0.002", "0.0015", "0.001", "0.0005", "0"] and read["tiny"] == "3e-5"
+    assert read["util"] == [0, 100] and read["over"] == [0, 120] and read.get("loss") is None
