@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -21,6 +22,7 @@ from app.templating import render_block
 
 router = APIRouter(include_in_schema=False)
 PAGE_SIZE = 25
+SWAGGER_UI = "5.35.0"  # static/vendor/VERSIONS.md
 
 
 def templates_of(request: Request) -> Jinja2Templates:
@@ -155,6 +157,19 @@ def files_page(request: Request, path: str = "") -> Response:
 def inspect_page(request: Request, path: str) -> Response:
     inspection = checkpoints.inspect(request.app.state.settings.shared, path)
     return page(request, "inspect.html", {"inspection": inspection, "folder": path.rsplit("/", 1)[0]})
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def api_docs(request: Request) -> HTMLResponse:
+    """The API's interactive documentation, from this server's own copy of Swagger UI: clusters often have no
+    internet, and FastAPI's default page loads it from a CDN (a blank page there)."""
+    return get_swagger_ui_html(
+        openapi_url=request.app.openapi_url,
+        title=f"{request.app.title} API",
+        swagger_js_url=f"/static/vendor/swagger-ui-{SWAGGER_UI}-bundle.js",
+        swagger_css_url=f"/static/vendor/swagger-ui-{SWAGGER_UI}.css",
+        swagger_favicon_url="/static/favicon.svg",
+    )
 
 
 @router.get("/runs/{run_id}/stream")

@@ -413,9 +413,7 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/api/files/download": checkpoint_file(download),
     "/api/files/inspect": checkpoint_file(inspect_api),
     "/openapi.json": holds(lambda answer: "/api/runs/{run_id}" in answer.json()["paths"]),
-    "/docs": holds(lambda answer: "swagger-ui" in answer.text),
-    "/docs/oauth2-redirect": holds(lambda answer: "oauth2" in answer.text),
-    "/redoc": holds(lambda answer: "redoc" in answer.text),
+    "/docs": holds(lambda answer: "SwaggerUIBundle" in answer.text and "/openapi.json" in answer.text),
 }
 
 # Besides a plain GET, what the pages ask each route for: query parameters, and the fragment's target (`_target`,
@@ -503,7 +501,9 @@ def read_first_event(response: httpx.Response) -> tuple[str, str]:
 
 def test_every_route_has_a_way_to_fill_it_and_an_expectation(stores: dict[str, Store]) -> None:
     routes = get_routes(stores["empty"].client.app)  # type: ignore[arg-type]
-    assert len(routes) > 30
+    assert {"/", "/docs", "/runs/{run_id}", "/runs/{run_id}/stream", "/api/runs/{run_id}/metrics/{key}"} <= {
+        route.path for route in routes
+    }  # pages, FastAPI's own routes, streams and included routers: the table is read whole
     for route in routes:
         for param in route.params:
             assert param in FILL, f"add how to fill {param} for {route.path} to FILL in {__file__}"
@@ -532,7 +532,10 @@ def test_every_other_route_with_0_1_and_1000_runs(stores: dict[str, Store], name
 
 def test_every_asset_a_page_links_is_served(stores: dict[str, Store]) -> None:
     store = stores["many"]
-    pages = ["/", "/runs/new", "/host", "/files", f"/runs/{store.seeded['running'].id}"]
+    pages = ["/", "/runs/new", "/host", "/files", f"/runs/{store.seeded['running'].id}", "/docs"]
+    for page in pages:  # a cluster often has no internet: nothing may come from another host
+        links = re.findall(r'(?:src|href)="([^"]+)"', store.client.get(page).text)
+        assert [link for link in links if "//" in link] == [], page
     assets = {
         link for page in pages for link in re.findall(r'(?:src|href)="(/static/[^"]+)"', store.client.get(page).text)
     }

@@ -20,7 +20,8 @@ from tests.run_states import STATES, Seeded, seed_states, supervisor_has_seen
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 SHOTS = Path("/tmp/walk-shots")
-LOOK_S = 2.2  # a page's refresh runs every 2 s: look at each page through one of them
+LIVE_S = 2.2  # a live page's refresh runs every 2 s: look at each through one of them
+STILL_S = 0.5  # a page without refresh or stream: its scripts have run once it loaded
 
 
 @dataclass
@@ -46,9 +47,9 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
         processes.kill_all(run_processes(root))  # none should have started: the walk's runs are this process
 
 
-def look(page: Page, url: str, shows: str, shot: str | None = None) -> None:
-    """Opens `url`, checks that it `shows` that text, leaves it open LOOK_S, and fails on anything that went wrong
-    meanwhile."""
+def look(page: Page, url: str, shows: str, shot: str | None = None, stay: float = LIVE_S) -> None:
+    """Opens `url`, checks that it `shows` that text, leaves it open `stay` seconds, and fails on anything that went
+    wrong meanwhile."""
     problems: list[str] = []
 
     def console(message: ConsoleMessage) -> None:
@@ -75,7 +76,7 @@ def look(page: Page, url: str, shows: str, shot: str | None = None) -> None:
         answer = page.goto(url)
         assert answer is not None and answer.status == 200, f"{url}: {answer and answer.status}"
         expect(page.get_by_text(shows).first).to_be_visible()
-        page.wait_for_timeout(LOOK_S * 1000)
+        page.wait_for_timeout(stay * 1000)
         expect(page.get_by_text(shows).first).to_be_visible()  # still, after its refresh and its streams
         if shot:
             SHOTS.mkdir(exist_ok=True)
@@ -93,9 +94,9 @@ def test_every_page_with_no_run_one_run_and_a_run_in_every_state(walk: Walk, bro
     page = context.new_page()
     try:
         look(page, server.url, "No runs yet")
-        for url, shows in (("/runs/new", "Start run"), ("/host", "Memory"), ("/files", "Shared storage"),
-                           ):  # fmt: skip
-            look(page, server.url + url, shows)
+        look(page, server.url + "/host", "Memory")
+        for url, shows in (("/runs/new", "Start run"), ("/files", "Shared storage"), ("/docs", "runs")):
+            look(page, server.url + url, shows, stay=STILL_S)
 
         with server.api() as api:
             walk.seeded = seed_states(api, walk.sessions, server.root / "shared", states=("running",))
@@ -112,9 +113,10 @@ def test_every_page_with_no_run_one_run_and_a_run_in_every_state(walk: Walk, bro
             look(page, f"{server.url}/runs/{run.id}", run.says, shot=shots.get(state))
         done = seeded["succeeded"]
         assert done.checkpoint and done.checkpoint_path
-        look(page, f"{server.url}/runs/new?from_run={done.id}&init_from={done.checkpoint_path}", "Start run")
-        look(page, f"{server.url}/files?path=checkpoints/run-{done.id}", done.checkpoint)
-        look(page, f"{server.url}/files/inspect?path={done.checkpoint_path}", "model.weight")
+        look(page, f"{server.url}/runs/new?from_run={done.id}&init_from={done.checkpoint_path}", "Start run",
+             stay=STILL_S)  # fmt: skip
+        look(page, f"{server.url}/files?path=checkpoints/run-{done.id}", done.checkpoint, stay=STILL_S)
+        look(page, f"{server.url}/files/inspect?path={done.checkpoint_path}", "model.weight", stay=STILL_S)
     finally:
         context.close()
 
