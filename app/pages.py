@@ -50,10 +50,12 @@ HtmxRequest = Annotated[str | None, Header(alias="HX-Request")]
 @router.get("/", response_class=HTMLResponse)
 def runs_page(request: Request, db: SessionDep, status: RunStatus | None = None, page_number: int = 1) -> Response:
     offset = (max(page_number, 1) - 1) * PAGE_SIZE
+    settings = request.app.state.settings
     items, total = runs.list_runs(db, status=status, limit=PAGE_SIZE, offset=offset)
     context = {
         "runs": items,
         "durations": {run.id: runs.elapsed(run) for run in items},  # None until started; up to now while live
+        "stalled": {run.id for run in items if not_progressing(run, stall_after_s=settings.stall_after_s)},
         "total": total,
         "status": status,
         "page_number": max(page_number, 1),
@@ -64,6 +66,11 @@ def runs_page(request: Request, db: SessionDep, status: RunStatus | None = None,
     if request.headers.get("HX-Target") == "runs-table":
         return HTMLResponse(render_block(templates_of(request), "runs.html", "runs_table", context))
     return page(request, "runs.html", context)
+
+
+def not_progressing(run: Run, *, stall_after_s: float) -> bool:
+    """A running run whose ranks stopped moving: the run page's warning, which the list marks too."""
+    return run.status == RunStatus.running and health.assess_now(run, stall_after_s=stall_after_s).state != "ok"
 
 
 @router.get("/runs/new", response_class=HTMLResponse)

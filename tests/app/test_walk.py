@@ -239,6 +239,8 @@ def runs_list(answer: Answer) -> None:
         assert row.startswith(f"{escape(name)}</a>") and f"status-{run_status.value}" in row
         duration = re.findall(r"<td>(.*?)</td>", row)[-2]
         assert (duration == "–") == (run_status == RunStatus.queued), (name, duration)  # waiting: no time counts
+        stalled = name == "walk not progressing"  # the list says which live run stopped moving
+        assert ('class="status status-stalled"' in row) == stalled, (name, row)
     if answer.query.get("_target") == "runs-table":
         assert answer.text.lstrip().startswith('<div id="runs-table"') and "<html" not in answer.text
     if not answer.store.runs and not status:
