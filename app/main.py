@@ -58,6 +58,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=metadata.version("rankboard"),
         lifespan=lifespan,
         description="Start, stop and watch PyTorch DDP training runs.",
+        docs_url=None,  # FastAPI's own /docs and /redoc load their scripts from a CDN: app.pages serves /docs locally
+        redoc_url=None,
     )
     app.state.settings, app.state.sessions, app.state.launcher = settings, sessions, launcher
     app.state.supervisor, app.state.templates = supervisor, make_templates()

@@ -6,6 +6,7 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -22,6 +23,7 @@ from app.templating import render_block
 
 router = APIRouter(include_in_schema=False)
 PAGE_SIZE = 25
+SWAGGER_UI = "5.35.0"  # static/vendor/VERSIONS.md
 
 
 def templates_of(request: Request) -> Jinja2Templates:
@@ -50,13 +52,16 @@ HtmxRequest = Annotated[str | None, Header(alias="HX-Request")]
 def runs_page(
     request: Request, db: SessionDep, status: RunStatus | None = None, page_number: PageNumber = 1
 ) -> Response:
-    offset = (max(page_number, 1) - 1) * PAGE_SIZE
+    offset = (page_number - 1) * PAGE_SIZE  # PageNumber is at least 1
+    settings = request.app.state.settings
     items, total = runs.list_runs(db, status=status, limit=PAGE_SIZE, offset=offset)
     context = {
         "runs": items,
+        "durations": {run.id: runs.elapsed(run) for run in items},  # None until started; up to now while live
+        "stalled": {run.id for run in items if health.not_progressing(run, stall_after_s=settings.stall_after_s)},
         "total": total,
         "status": status,
-        "page_number": max(page_number, 1),
+        "page_number": page_number,
         "pages": max(1, -(-total // PAGE_SIZE)),
         "statuses": list(RunStatus),
         "demo": RunCreate(),
@@ -161,6 +166,19 @@ def inspect_page(request: Request, path: SharedPath) -> Response:
     return page(request, "inspect.html", {"inspection": inspection, "folder": path.rsplit("/", 1)[0]})
 
 
+@router.get("/docs", response_class=HTMLResponse)
+def api_docs(request: Request) -> HTMLResponse:
+    """The API's interactive documentation, from this server's own copy of Swagger UI: clusters often have no
+    internet, and FastAPI's default page loads it from a CDN (a blank page there)."""
+    return get_swagger_ui_html(
+        openapi_url=request.app.openapi_url,
+        title=f"{request.app.title} API",
+        swagger_js_url=f"/static/vendor/swagger-ui-{SWAGGER_UI}-bundle.js",
+        swagger_css_url=f"/static/vendor/swagger-ui-{SWAGGER_UI}.css",
+        swagger_favicon_url="/static/favicon.svg",
+    )
+
+
 @router.get("/runs/{run_id}/stream")
 def run_stream(
     request: Request,
@@ -196,17 +214,20 @@ def run_stream(
 def run_context(run: Run, launcher: LocalLauncher) -> dict[str, Any]:
     """What the run page and its fragments show."""
     elapsed = runs.elapsed(run)
-    eta = None
-    if elapsed is not None and 0 < run.step < run.total_steps and not run.status.is_final:
+    progress = health.assess_now(run, stall_after_s=launcher.settings.stall_after_s)
+    moving = run.status == RunStatus.running and progress.state == "ok"
+    eta = None  # only while it trains and moves: a stalled, stopping or waiting run will not end at its pace so far
+    if elapsed is not None and 0 < run.step < run.total_steps and moving:
         eta = elapsed * ((run.total_steps - run.step) / run.step)
+    # While the health box tells the stall live, its event's words (frozen at the time) would only repeat it.
+    told = progress.state != "ok" and run.status_reason.startswith(health.NOT_PROGRESSING)
     return {
-        "run": run, "elapsed": elapsed, "eta": eta,
+        "run": run, "elapsed": elapsed, "eta": eta, "health": progress, "reason": "" if told else run.status_reason,
         "percent": 100 * run.step / run.total_steps if run.total_steps else 0,
         "outputs": [o for o in files.rank_outputs(run, launcher=launcher) if o.lines],
         "checkpoints": checkpoints.list_checkpoints(run, launcher=launcher, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, launcher=launcher),
         "checkpoint_dir": launcher.checkpoint_dir(run), "grace": timedelta(seconds=launcher.settings.stop_grace_s),
-        "health": health.assess_now(run, stall_after_s=launcher.settings.stall_after_s),
     }  # fmt: skip
 
 

@@ -197,6 +197,11 @@ def assess_now(run: Run, *, stall_after_s: float) -> Health:
     return assess(db, run, now=utcnow(), stall_after=timedelta(seconds=stall_after_s))
 
 
+def not_progressing(run: Run, *, stall_after_s: float) -> bool:
+    """A running run whose ranks stopped moving: the run page warns of it, and the runs list marks it."""
+    return run.status == RunStatus.running and assess_now(run, stall_after_s=stall_after_s).state != "ok"
+
+
 def run_health(db: Session, *, run_id: int, stall_after_s: float) -> Health:
     """The health of the run with this id, now; raises RunNotFound."""
     run = run_store.get_run(db, run_id)

@@ -219,7 +219,8 @@ def _launch(db: Session, run: Run, *, launcher: LocalLauncher, devices: list[int
 
 
 def elapsed(run: Run, now: datetime | None = None) -> timedelta | None:
-    """Time since the run started, up to when it finished."""
-    if run.started_at is None:
+    """Time since the run's latest launch, up to when it finished; None while it waits to be launched (again: a
+    resumed run keeps its last launch's start until the next one)."""
+    if run.started_at is None or run.status == RunStatus.queued:
         return None
     return (run.finished_at or now or utcnow()) - run.started_at

@@ -16,12 +16,20 @@ function color(index, alpha) {
   return alpha === undefined ? hex : hex + Math.round(alpha * 255).toString(16).padStart(2, "0");
 }
 
-function formatValue(unit, value) {
+/** A value as the axes, the summary and the legend write it. */
+export function formatValue(unit, value) {
   if (value === null || value === undefined) return "–";
   if (unit === "bytes") return (value / GIB).toFixed(1) + " GiB";
-  const text = Math.abs(value) >= 1e4 || (value !== 0 && Math.abs(value) < 1e-3) ? value.toExponential(2)
-    : String(+value.toPrecision(4));
+  // Learning rates like 0.0005 read as decimals, like their neighbours on the axis; only tinier ones as 3e-5.
+  const text = Math.abs(value) >= 1e4 || (value !== 0 && Math.abs(value) < 1e-4)
+    ? value.toExponential(2).replace(/\.?0+e/, "e") : String(+value.toPrecision(4));
   return unit && unit !== "/s" ? `${text} ${unit}` : text;
+}
+
+/** uPlot's y scale for a unit: a percentage is read against its whole scale, 0 to 100, not against the padding
+ * uPlot puts around a flat line (GPUs at 97% drew an axis up to 150%). */
+export function yScale(unit) {
+  return unit === "%" ? { range: (u, min, max) => [0, Math.max(100, max ?? 100)] } : {};
 }
 
 export class RunChart {
@@ -174,7 +182,7 @@ export class RunChart {
     return {
       ...this.size(),
       legend: { show: false },
-      scales: { x: { time: this.spec.time } },
+      scales: { x: { time: this.spec.time }, y: yScale(unit) },
       series,
       bands,
       axes: [{ label: this.spec.time ? "" : "step" },

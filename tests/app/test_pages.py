@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from fastapi.testclient import TestClient
 
 from app.forms import as_form_text
+from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
 
 FORM_DEFAULTS = as_form_text(RunCreate().model_dump())  # what the form posts when nothing is changed
@@ -57,6 +60,21 @@ def test_runs_table_refreshes_as_a_fragment(client: TestClient) -> None:
     client.post("/api/runs", json={"name": "listed"})
     fragment = client.get("/", headers={"HX-Request": "true", "HX-Target": "runs-table"}).text
     assert fragment.lstrip().startswith('<div id="runs-table"') and "listed" in fragment and "<html" not in fragment
+
+
+def test_the_list_shows_how_long_each_run_has_taken_live_or_ended(client: TestClient) -> None:
+    for name in ("training", "done"):
+        client.post("/api/runs", json={"name": name})
+    now = utcnow()
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        live, ended = db.get(Run, 1), db.get(Run, 2)
+        live.status, live.started_at = RunStatus.running, now - timedelta(hours=2, minutes=3)
+        ended.status, ended.started_at = RunStatus.succeeded, now - timedelta(hours=5)
+        ended.finished_at = ended.started_at + timedelta(minutes=7, seconds=5)
+    for headers in ({}, {"HX-Request": "true", "HX-Target": "runs-table"}):  # the page, and its 2 s refresh
+        response = client.get("/", headers=headers)
+        assert response.status_code == 200
+        assert "<td>2h 03m</td>" in response.text and "<td>7m 05s</td>" in response.text
 
 
 def test_stop_from_the_page_returns_the_status_fragment(client: TestClient) -> None:

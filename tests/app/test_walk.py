@@ -1,0 +1,548 @@
+"""Every GET the server answers (pages, htmx fragments, SSE streams, the API), walked with a run in each state a
+user meets and with stores of 0, 1 and 1,000 runs. The routes come from the app's own router table, so a new route is
+walked without anyone remembering to add it: it needs only a way to fill its parameters (FILL) and what a user expects
+from it (EXPECT), and the walk fails saying so until it has them. Fragments are asked for with the headers the pages
+send (HX-Request and the HX-Target of the element htmx swaps, or the header static/run.js sets); of a stream, the
+first event is read and the connection closed, as a page that moves on does."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import iter_route_contexts
+from fastapi.testclient import TestClient
+from markupsafe import escape
+
+from app.main import create_app
+from app.models import RunStatus
+from app.settings import Settings
+from tests.run_states import STATES, UNSTARTED, Seeded, bulk_runs, seed_states, supervisor_has_seen
+from trainer import wire
+
+HISTORY = 1000
+PAGE_SIZE = 25  # app.pages.PAGE_SIZE, as the user counts rows
+HX = {"HX-Request": "true"}
+
+
+@dataclass
+class Store:
+    """A server with a store of runs: the seeded ones by state, and every run's (id, name, status), newest first."""
+
+    name: str
+    client: TestClient
+    seeded: dict[str, Seeded]
+    runs: list[tuple[int, str, RunStatus]] = field(default_factory=list)
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        return next((run.checkpoint_path for run in self.seeded.values() if run.checkpoint_path), None)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Store]]:
+    """Three servers: no run; one running run; the runs of every state after 1,000 older ones."""
+    with ExitStack() as stack:
+        made = {}
+        for name, states, history in (("empty", (), 0), ("one", ("running",), 0), ("many", tuple(STATES), HISTORY)):
+            root = tmp_path_factory.mktemp(name)
+            settings = Settings(data_dir=root / "data", shared_dir=root / "shared", supervise_interval_s=3600, slots=2)
+            client = stack.enter_context(TestClient(create_app(settings)))
+            app: Any = client.app
+            bulk_runs(app.state.sessions, history)
+            seeded = seed_states(client, app.state.sessions, settings.shared, states=states) if states else {}
+            app.state.supervisor.tick()  # records the restart and the stall, as the supervisor does
+            assert not states or supervisor_has_seen(client, seeded)
+            listed = client.get("/api/runs", params={"limit": 500}).json()["items"]
+            store = Store(name, client, seeded)
+            offset = 0
+            while listed:
+                store.runs += [(run["id"], run["name"], RunStatus(run["status"])) for run in listed]
+                offset += len(listed)
+                listed = client.get("/api/runs", params={"limit": 500, "offset": offset}).json()["items"]
+            made[name] = store
+        yield made
+
+
+# --- the router table -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str  # the path format: /api/runs/{run_id}/metrics/{key}
+    params: tuple[str, ...]  # path parameters, then required query parameters
+
+
+def required_query(dependant: Dependant) -> list[str]:
+    own = [param.alias for param in dependant.query_params if param.field_info.is_required()]
+    return own + [name for sub in dependant.dependencies for name in required_query(sub)]
+
+
+def get_routes(app: FastAPI) -> list[Route]:
+    """Every GET route of the app (its static files are checked through the pages that link them)."""
+    found = []
+    for route in iter_route_contexts(app.routes):
+        if "GET" not in (route.methods or ()) or route.path_format is None:
+            continue
+        dependant = getattr(route, "dependant", None)
+        query = required_query(dependant) if dependant is not None else []
+        found.append(Route(route.path_format, (*route.param_convertors, *query)))
+    return found
+
+
+# --- how to fill each parameter, and what a user expects from each route -----------------------------------------
+
+# By parameter name: the value for a run of the store (None: this store or run has none, so the walk asks for what
+# the pages would link once there is one, and expects a 404 naming it). A route with `run_id` is walked once per run.
+Fill = Callable[[Store, Seeded | None], str | None]
+FILL: dict[str, Fill] = {
+    "run_id": lambda store, run: str(run.id) if run else None,
+    "key": lambda store, run: "rank/step_ms" if run and run.state not in UNSTARTED else None,
+    "name": lambda store, run: run.checkpoint if run else None,
+    "rank": lambda store, run: "1" if run and run.has_logs else None,
+    "stream": lambda store, run: "stderr" if run and run.has_logs else None,
+    "path": lambda store, run: store.checkpoint_path,
+}
+MISSING = {"key": "rank/step_ms", "name": wire.checkpoint_name(40), "rank": "1", "stream": "stderr",
+           "path": "checkpoints/run-1/step-00000040.pt"}  # fmt: skip
+
+
+@dataclass
+class Answer:
+    """One request of the walk and what came back (`event`: a stream's first event and its data)."""
+
+    store: Store
+    run: Seeded | None
+    query: dict[str, str]
+    response: httpx.Response
+    missing: bool  # a parameter named something the run or store lacks
+    event: tuple[str, str] | None = None
+
+    @property
+    def text(self) -> str:
+        return self.response.text
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+    @property
+    def seeded(self) -> Seeded:
+        assert self.run is not None
+        return self.run
+
+
+def shows_run(answer: Answer) -> None:
+    """A page or fragment about a run: its name, its status, and what happened to it last."""
+    run = answer.seeded
+    assert answer.response.headers["content-type"].startswith("text/html")
+    assert str(escape(run.name)) in answer.text and f">{run.status.value}</span>" in answer.text
+    assert str(escape(run.says)) in answer.text, f"{run.state}: {run.says!r} not on the page"
+
+
+def run_page(answer: Answer) -> None:
+    run = answer.seeded
+    if answer.query.get("_target") == "charts":  # static/run.js asks for the charts alone when a new key arrives
+        assert answer.text.lstrip().startswith('<section id="charts"') and "<html" not in answer.text
+        assert ('id="loss-box"' in answer.text) == (run.state not in UNSTARTED)
+        return
+    shows_run(answer)
+    assert (
+        f'sse-connect="/runs/{run.id}/stream?after=' in answer.text and f'hx-get="/runs/{run.id}/logs"' in answer.text
+    )
+    if run.state not in UNSTARTED:
+        assert 'id="step-time-box"' in answer.text and 'id="gpu-util-box"' in answer.text
+        progress = "100 of 100 (100.0%)" if run.state == "succeeded" else "40 of 100 (40.0%)"
+        assert progress in answer.text and f"<code>{run.checkpoint}</code>" in answer.text
+        assert "[rank 1] step 40 loss 0.0500" in answer.text  # each rank's output
+    if run.state == "not progressing":  # told once, live, in the box (not again, frozen, in the reason line)
+        assert 'id="health"' in answer.text and "Not progressing" in answer.text
+        assert '<p class="reason">not progressing' not in answer.text
+    # An ETA only while it trains and moves; no time counted while it waits to be launched again.
+    assert ("<dt>ETA</dt><dd>–</dd>" in answer.text) != (run.state in ("running", "restarted"))
+    assert ("<dt>Elapsed</dt><dd>–</dd>" in answer.text) == (run.status == RunStatus.queued)
+    if run.status.is_final:
+        assert 'id="final-loss">0.0500<' in answer.text
+    if run.state in ("stopped", "failed", "lost"):
+        assert "Resume from step 40" in answer.text
+    if run.live:
+        assert ("Stopping…</button>" if run.status == RunStatus.stopping else "Stop</button>") in answer.text
+
+
+def logs_panel(answer: Answer) -> None:
+    run = answer.seeded
+    assert "<html" not in answer.text and 'id="log-lines"' in answer.text and ">rank 1</option>" in answer.text
+    if run.state == "failed":
+        assert "What went wrong" in answer.text and "loss is NaN at step 40" in answer.text
+
+
+def first_event(*expected: str) -> Callable[[Answer], None]:
+    def check(answer: Answer) -> None:
+        assert answer.response.headers["content-type"].startswith("text/event-stream")
+        assert answer.event is not None and answer.event[0] in expected, (answer.seeded.state, answer.event)
+
+    return check
+
+
+def run_stream(answer: Answer) -> None:
+    first_event("points", "status")(answer)
+    assert answer.event is not None
+    kind, data = answer.event
+    if answer.seeded.state in UNSTARTED:
+        assert kind == "status" and str(escape(answer.seeded.name)) in data
+    else:
+        assert kind == "points" and json.loads(data)["series"]["loss"]["steps"][-1] == 40
+
+
+def log_stream(answer: Answer) -> None:
+    if answer.seeded.state == "queued":
+        assert answer.response.headers["content-type"].startswith("text/event-stream") and answer.event is None
+        return
+    first_event("reset")(answer)
+    assert answer.event is not None
+    lines = json.loads(answer.event[1])["lines"]
+    if answer.seeded.state == "failed":
+        assert lines[-1] == "ValueError: loss is NaN at step 40"
+    elif answer.seeded.state == "starting":
+        assert lines == []  # its files exist, still empty
+    else:
+        assert lines == ["rank 1 warning: the data loader is slow"]
+
+
+def not_found(what: str) -> Callable[[Answer], None]:
+    """A 404 naming what is missing, for a run or store that has none of it."""
+
+    def check(answer: Answer) -> None:
+        assert answer.response.status_code == 404, (answer.response.status_code, answer.text[:300])
+        assert what in answer.text, answer.text[:300]
+
+    return check
+
+
+def runs_list(answer: Answer) -> None:
+    """The table of the store's runs: the ones of this page (and status), or what to do when there is none."""
+    status = answer.query.get("status")
+    matching = [run for run in answer.store.runs if status is None or run[2].value == status]
+    page = int(answer.query.get("page_number", "1"))
+    shown = matching[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+    rows = re.findall(r'<td><a href="/runs/(\d+)">', answer.text)
+    assert [int(row) for row in rows] == [run[0] for run in shown]
+    for run_id, name, run_status in shown:
+        row = answer.text.partition(f'<a href="/runs/{run_id}">')[2].partition("</tr>")[0]
+        assert row.startswith(f"{escape(name)}</a>") and f"status-{run_status.value}" in row
+        duration = re.findall(r"<td>(.*?)</td>", row)[-2]
+        assert (duration == "–") == (run_status == RunStatus.queued), (name, duration)  # waiting: no time counts
+        stalled = name == "walk not progressing"  # the list says which live run stopped moving
+        assert ('class="status status-stalled"' in row) == stalled, (name, row)
+    if answer.query.get("_target") == "runs-table":
+        assert answer.text.lstrip().startswith('<div id="runs-table"') and "<html" not in answer.text
+    if not answer.store.runs and not status:
+        assert "No runs yet" in answer.text and "Start the demo run" in answer.text
+    elif not matching:
+        assert f"No {status} runs" in answer.text
+    if len(matching) > PAGE_SIZE:
+        pages = -(-len(matching) // PAGE_SIZE)
+        assert f"Page {page} of {pages} ({len(matching)} runs)" in answer.text
+
+
+def new_run_form(answer: Answer) -> None:
+    assert "Start run" in answer.text and 'name="epochs"' in answer.text
+    if "from_run" in answer.query:
+        assert f'value="{escape(answer.seeded.name)}' in answer.text  # its options, its name first
+    if "init_from" in answer.query:
+        assert f'value="{answer.query["init_from"]}"' in answer.text
+
+
+def api_run(answer: Answer) -> None:
+    body = answer.json()
+    assert (body["id"], body["name"], body["status"]) == (answer.seeded.id, answer.seeded.name,
+                                                          answer.seeded.status.value)  # fmt: skip
+    assert any(answer.seeded.says in event["reason"] for event in body["events"])
+
+
+def api_health(answer: Answer) -> None:
+    state = answer.json()["state"]
+    assert state == ("not_progressing" if answer.seeded.state == "not progressing" else "ok")
+
+
+def metric_keys(answer: Answer) -> None:
+    keys = answer.json()
+    if answer.seeded.state in UNSTARTED:
+        assert keys == []
+    else:
+        assert {"loss", "val_loss", "rank/step_ms", "gpu/node-a/1/util"} <= set(keys)
+
+
+def series(answer: Answer) -> None:
+    points = answer.json()["points"]
+    assert [(p["step"], p["rank"]) for p in points[:2]] == ([] if answer.missing else [(1, 0), (1, 1)])
+
+
+def chart(answer: Answer) -> None:
+    if answer.missing:
+        not_found("rank/step_ms")(answer)
+    else:
+        assert answer.response.status_code == 200 and answer.json()["key"] == "rank/step_ms"
+
+
+def checkpoints(answer: Answer) -> None:
+    names = [c["name"] for c in answer.json()]
+    assert names == ([answer.seeded.checkpoint] if answer.seeded.checkpoint else [])
+
+
+def one_checkpoint(answer: Answer) -> None:
+    if answer.missing:
+        not_found("step-00000040.pt")(answer)
+    else:
+        body = answer.json()
+        assert (body["name"], body["step"], body["metrics"]["loss"]) == (answer.seeded.checkpoint, 40, 0.05)
+
+
+def rank_output(answer: Answer) -> None:
+    outputs = {(o["rank"], o["stream"]): o["lines"] for o in answer.json()}
+    if answer.seeded.state in UNSTARTED:
+        assert all(lines == [] for lines in outputs.values())
+    else:
+        assert outputs[(1, "stdout")][-1] == "[rank 1] step 40 loss 0.0500"
+
+
+def log_files(answer: Answer) -> None:
+    files = [(f["rank"], f["stream"]) for f in answer.json()]
+    assert files == ([] if answer.seeded.state == "queued" else [(0, "stdout"), (0, "stderr"), (1, "stdout"),
+                                                                 (1, "stderr"), (None, "stdout")])  # fmt: skip
+
+
+def log_tail(answer: Answer) -> None:
+    if answer.missing:
+        not_found("rank 1")(answer)
+    else:
+        assert answer.json()["stream"] == "stderr" and answer.json()["rank"] == 1
+
+
+def log_download(answer: Answer) -> None:
+    if answer.missing:
+        not_found("rank 1")(answer)
+    else:
+        assert answer.response.headers["content-disposition"].endswith('-1-stderr.log"')
+
+
+def diagnoses(answer: Answer) -> None:
+    kinds = [d["kind"] for d in answer.json()]
+    assert kinds == (["exception"] if answer.seeded.state == "failed" else [])
+
+
+def checkpoint_file(check: Callable[[Answer], None]) -> Callable[[Answer], None]:
+    def on_store(answer: Answer) -> None:
+        if answer.missing:
+            not_found("step-00000040.pt")(answer)
+        else:
+            assert answer.response.status_code == 200
+            check(answer)
+
+    return on_store
+
+
+def inspect_page(answer: Answer) -> None:
+    assert "model.weight" in answer.text and "15 model parameters" in answer.text
+
+
+def inspect_api(answer: Answer) -> None:
+    assert answer.json()["parameters"] == 15
+
+
+def download(answer: Answer) -> None:
+    assert answer.response.content[:2] == b"PK"  # what torch.save writes: a zip archive
+
+
+def files_page(answer: Answer) -> None:
+    assert "Shared storage" in answer.text
+    if answer.store.seeded:
+        folders = ["checkpoints", "logs"] if "path" not in answer.query else [f"run-{answer.store.runs[0][0]}"]
+        assert all(f">{folder}/</a>" in answer.text for folder in folders), folders
+
+
+def host_page(answer: Answer) -> None:
+    assert 'id="system"' in answer.text and "Memory" in answer.text
+    if answer.query.get("_target") == "host-now":
+        assert "<html" not in answer.text and not answer.text.lstrip().startswith('<div id="host-now"')
+    else:
+        assert 'hx-get="/host" hx-trigger="every 2s"' in answer.text
+
+
+def holds(predicate: Callable[[Answer], bool]) -> Callable[[Answer], None]:
+    def check(answer: Answer) -> None:
+        assert predicate(answer), answer.text[:300]
+
+    return check
+
+
+EXPECT: dict[str, Callable[[Answer], None]] = {
+    "/": runs_list,
+    "/runs/new": new_run_form,
+    "/runs/{run_id}": run_page,
+    "/runs/{run_id}/logs": logs_panel,
+    "/runs/{run_id}/stream": run_stream,
+    "/runs/{run_id}/logs/stream": log_stream,
+    "/host": host_page,
+    "/files": files_page,
+    "/files/inspect": checkpoint_file(inspect_page),
+    "/api/health": holds(lambda answer: answer.json()["status"] == "ok"),
+    "/api/host": holds(lambda answer: "cpu_percent" in answer.json()),
+    "/api/runs": holds(
+        lambda answer: [r["id"] for r in answer.json()["items"]] == [r[0] for r in answer.store.runs[:50]]
+    ),
+    "/api/runs/{run_id}": api_run,
+    "/api/runs/{run_id}/health": api_health,
+    "/api/runs/{run_id}/metrics": metric_keys,
+    "/api/runs/{run_id}/metrics/{key}": series,
+    "/api/runs/{run_id}/chart": chart,
+    "/api/runs/{run_id}/checkpoints": checkpoints,
+    "/api/runs/{run_id}/checkpoints/removed": holds(lambda answer: answer.json() == []),
+    "/api/runs/{run_id}/checkpoints/{name}": one_checkpoint,
+    "/api/runs/{run_id}/output": rank_output,
+    "/api/runs/{run_id}/logs": log_files,
+    "/api/runs/{run_id}/logs/{rank}/{stream}": log_tail,
+    "/api/runs/{run_id}/logs/{rank}/{stream}/download": log_download,
+    "/api/runs/{run_id}/diagnoses": diagnoses,
+    "/api/files": holds(lambda answer: isinstance(answer.json()["entries"], list)),
+    "/api/files/download": checkpoint_file(download),
+    "/api/files/inspect": checkpoint_file(inspect_api),
+    "/openapi.json": holds(lambda answer: "/api/runs/{run_id}" in answer.json()["paths"]),
+    "/docs": holds(lambda answer: "SwaggerUIBundle" in answer.text and "/openapi.json" in answer.text),
+}
+
+# Besides a plain GET, what the pages ask each route for: query parameters, and the fragment's target (`_target`,
+# sent as HX-Target; with HX-Request too where htmx sends it, not where static/run.js fetches it itself).
+Variant = dict[str, str]
+VARIANTS: dict[str, Callable[[Store, Seeded | None], list[Variant]]] = {
+    "/": lambda store, run: [
+        {},
+        {"_target": "runs-table", "_hx": "1"},
+        {"page_number": "2"},
+        {"page_number": "41"},
+        {"_target": "runs-table", "_hx": "1", "page_number": "2"},
+        *({"status": s.value} for s in RunStatus),
+        {"status": "running", "_target": "runs-table", "_hx": "1"},
+    ],
+    "/runs/{run_id}": lambda store, run: [{}, {"_target": "charts"}],
+    "/runs/{run_id}/logs": lambda store, run: [{"_target": "logs", "_hx": "1"}],
+    "/runs/{run_id}/logs/stream": lambda store, run: [{"rank": "1", "stream": "stderr", "filter": ""}],
+    "/host": lambda store, run: [{}, {"_target": "host-now", "_hx": "1"}],
+    "/runs/new": lambda store, run: (
+        [{}]
+        + [
+            {"from_run": str(r.id), **({"init_from": r.checkpoint_path} if r.checkpoint_path else {})}
+            for r in store.seeded.values()
+        ]
+    ),
+    "/files": lambda store, run: [{}, {"path": "checkpoints"}, {"path": "logs"}] if store.seeded else [{}],
+}
+
+
+# Streams with nothing to say yet, whose first event would never come: the log of a run that has written none (the
+# page says "Waiting for rank 1 · stderr…"). Of these, the walk checks the answer's headers and closes it.
+QUIET: dict[str, Callable[[Seeded | None], bool]] = {
+    "/runs/{run_id}/logs/stream": lambda run: run is not None and not run.has_logs,
+}
+
+
+def walk(store: Store, route: Route, run: Seeded | None) -> list[Answer]:
+    """Every variant of one route for one run (or the store), each answer checked against EXPECT."""
+    values = {param: FILL[param](store, run) for param in route.params}
+    missing = any(value is None for value in values.values())
+    filled = {param: value if value is not None else MISSING[param] for param, value in values.items()}
+    url = route.path.format(**filled)
+    query_params = {param: filled[param] for param in route.params if "{" + param + "}" not in route.path}
+    answers = []
+    for variant in VARIANTS.get(route.path, lambda store, run: [{}])(store, run):
+        query = {**query_params, **variant}
+        sent = {k: v for k, v in query.items() if not k.startswith("_")}
+        headers = {**(HX if "_hx" in query else {}), **({"HX-Target": query["_target"]} if "_target" in query else {})}
+        with store.client.stream("GET", url, params=sent, headers=headers) as response:
+            event = None
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                response.read()
+            elif not QUIET.get(route.path, lambda run: False)(run):
+                event = read_first_event(response)
+        about = next((r for r in store.seeded.values() if str(r.id) == query.get("from_run")), run)
+        answer = Answer(store, about, query, response, missing, event)
+        where = f"GET {url}?{sent} {headers} ({store.name} store{f', {run.state} run' if run else ''})"
+        if not missing:
+            assert response.status_code == 200, f"{where}: {response.status_code} {response.text[:500]}"
+        try:
+            EXPECT[route.path](answer)
+        except AssertionError as error:
+            raise AssertionError(f"{where}: {str(error)[:800]}") from None
+        answers.append(answer)
+    return answers
+
+
+def read_first_event(response: httpx.Response) -> tuple[str, str]:
+    """The first message of an event stream: its event name and its data."""
+    kind, data = "", []
+    for line in response.iter_lines():
+        if not line:
+            return kind, "\n".join(data)
+        name, _, value = line.partition(": ")
+        if name == "event":
+            kind = value
+        elif name == "data":
+            data.append(value)
+    raise AssertionError("the stream ended before its first event")
+
+
+# --- the walks --------------------------------------------------------------------------------------------------
+
+
+def test_every_route_has_a_way_to_fill_it_and_an_expectation(stores: dict[str, Store]) -> None:
+    routes = get_routes(stores["empty"].client.app)  # type: ignore[arg-type]
+    assert {"/", "/docs", "/runs/{run_id}", "/runs/{run_id}/stream", "/api/runs/{run_id}/metrics/{key}"} <= {
+        route.path for route in routes
+    }  # pages, FastAPI's own routes, streams and included routers: the table is read whole
+    for route in routes:
+        for param in route.params:
+            assert param in FILL, f"add how to fill {param} for {route.path} to FILL in {__file__}"
+        assert route.path in EXPECT, f"add what a user expects from {route.path} to EXPECT in {__file__}"
+    assert set(VARIANTS) <= {route.path for route in routes}, "a variant for a route that is gone"
+
+
+def run_routes(store: Store) -> list[Route]:
+    return [route for route in get_routes(store.client.app) if "run_id" in route.params]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("state", list(STATES))
+def test_every_run_route_in_every_state(stores: dict[str, Store], state: str) -> None:
+    store = stores["many"]
+    for route in run_routes(store):
+        walk(store, route, store.seeded[state])
+
+
+@pytest.mark.parametrize("name", ["empty", "one", "many"])
+def test_every_other_route_with_0_1_and_1000_runs(stores: dict[str, Store], name: str) -> None:
+    store = stores[name]
+    routes = [route for route in get_routes(store.client.app) if "run_id" not in route.params]  # type: ignore[arg-type]
+    for route in routes:
+        walk(store, route, None)
+
+
+def test_every_asset_a_page_links_is_served(stores: dict[str, Store]) -> None:
+    store = stores["many"]
+    pages = ["/", "/runs/new", "/host", "/files", f"/runs/{store.seeded['running'].id}", "/docs"]
+    for page in pages:  # a cluster often has no internet: nothing may come from another host
+        links = re.findall(r'(?:src|href)="([^"]+)"', store.client.get(page).text)
+        assert [link for link in links if "//" in link] == [], page
+    assets = {
+        link for page in pages for link in re.findall(r'(?:src|href)="(/static/[^"]+)"', store.client.get(page).text)
+    }
+    assert "/static/run.js" in assets and "/static/logs.js" in assets
+    for asset in sorted(assets):
+        assert store.client.get(asset).status_code == 200, asset
+    for module in re.findall(r'from "\./([^"]+)"', store.client.get("/static/run.js").text):
+        assert store.client.get(f"/static/{module}").status_code == 200, module
