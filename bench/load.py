@@ -216,6 +216,8 @@ def start_profiler(pid: int, args: argparse.Namespace) -> subprocess.Popen[bytes
     py_spy = shutil.which("py-spy") or str(Path(__file__).resolve().parent.parent / ".venv" / "bin" / "py-spy")
     command = [py_spy, "record", "--pid", str(pid), "--output", args.profile, "--format", args.profile_format,
                "--rate", "50", "--subprocesses", "--nonblocking"]  # fmt: skip
+    if args.profile_gil:
+        command.append("--gil")
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -338,6 +340,9 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=20, choices=range(0, 101), metavar="0..100")
     parser.add_argument("--profile", help="record the server with py-spy into this file")
     parser.add_argument("--profile-format", default="flamegraph", choices=["flamegraph", "raw", "speedscope"])
+    parser.add_argument(
+        "--profile-gil", action="store_true", help="only threads holding the GIL: where Python's own time goes"
+    )
     args = parser.parse_args()
     if not 1 <= args.seconds <= MAX_SECONDS:
         parser.error(f"--seconds must be between 1 and {MAX_SECONDS}")
