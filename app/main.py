@@ -26,6 +26,7 @@ from app.launcher.local import LocalLauncher
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
 from app.settings import Settings
+from app.stream import SharedFragments
 from app.supervisor import Supervisor
 from app.templating import make_templates
 
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings, app.state.sessions, app.state.launcher = settings, sessions, launcher
     app.state.supervisor, app.state.templates = supervisor, make_templates()
     app.state.host_sampler = host_sampler
+    app.state.run_fragments = SharedFragments()
     app.add_exception_handler(RankboardError, _error_response)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.include_router(health.router)

@@ -18,7 +18,7 @@ from app.models import Run, RunStatus
 from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
 from app.schemas import RunCreate
 from app.services import checkpoints, files, health, host, metrics, run_charts, runs, storage
-from app.stream import Snapshot, run_events
+from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
 
 router = APIRouter(include_in_schema=False)
@@ -193,22 +193,28 @@ def run_stream(
         runs.get_run(session, run_id=run_id)  # a 404 now, rather than a stream that ends at once
 
     def snapshot(after_id: int) -> Snapshot:
-        templates = templates_of(request)
-        with request.app.state.sessions() as session:  # rendering reads the run's events: keep the session open
-            run = runs.get_run(session, run_id=run_id)
-            points = metrics.new_points(session, run_id=run_id, after_id=after_id)
-            context = run_context(run, launcher=request.app.state.launcher)
-            return Snapshot(
-                points,
-                render_block(templates, "run.html", "status", context),
-                render_block(templates, "run.html", "files", context),
-                render_block(templates, "run.html", "output", context),
-                run.status.is_final,
-            )
+        # The fragments first: a run seen final has stored its last point, so the points read after it are all.
+        fragments = request.app.state.run_fragments.get(run_id, lambda: run_fragments(request, run_id))
+        with request.app.state.sessions() as session:
+            return Snapshot(metrics.new_points(session, run_id=run_id, after_id=after_id), fragments)
 
     after_id = after if last_event_id is None else last_event_id
     events = run_events(request, run_id=run_id, after_id=after_id, snapshot=snapshot)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+def run_fragments(request: Request, run_id: int) -> Fragments:
+    """The run page's live fragments, as its stream sends them."""
+    templates = templates_of(request)
+    with request.app.state.sessions() as session:  # rendering reads the run's events: keep the session open
+        run = runs.get_run(session, run_id=run_id)
+        context = run_context(run, launcher=request.app.state.launcher)
+        return Fragments(
+            render_block(templates, "run.html", "status", context),
+            render_block(templates, "run.html", "files", context),
+            render_block(templates, "run.html", "output", context),
+            run.status.is_final,
+        )
 
 
 def run_context(run: Run, launcher: LocalLauncher) -> dict[str, Any]:

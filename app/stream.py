@@ -2,15 +2,19 @@
 
 Every message is read from the database and the run's files on each poll, never from in-process state, so any
 number of pages (and a restarted server) see the same thing. A reconnecting browser sends Last-Event-ID, the id of
-the last point it got, and continues from there without duplicates.
+the last point it got, and continues from there without duplicates. The pages of one run share the rendering of its
+fragments (`SharedFragments`): one rendering per poll interval, however many pages watch the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
@@ -21,15 +25,63 @@ from trainer import wire
 POLL_SECONDS = 1.0
 
 
-@dataclass
-class Snapshot:
-    """What changed since the last poll."""
+@dataclass(frozen=True)
+class Fragments:
+    """A run page's fragments as rendered at one moment, and whether the run was over then."""
 
-    points: list[StoredPoint]
     status_html: str
     files_html: str  # checkpoints and history
     output_html: str
     final: bool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One poll: the points after the page's cursor, and the fragments."""
+
+    points: list[StoredPoint]
+    fragments: Fragments
+
+
+@dataclass
+class _Rendering:
+    """The last rendering of one run's fragments; `lock` is held while it is being made."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    at: float = -math.inf  # time.monotonic()
+    fragments: Fragments | None = None
+
+
+class SharedFragments:
+    """The fragments of each run, rendered at most once per `max_age_s` however many pages watch the run.
+
+    Every page of a run polls once a second, and each would render the same fragments from the same rows and files:
+    the first poll renders them, and the polls of the same run within `max_age_s` after it get that rendering. So a
+    page sees what it would have seen polling a moment earlier; nothing else is kept, no fragment is ever older than
+    `max_age_s`, and a restarted server starts empty. A rendering of a finished run is never shared: a run can be
+    resumed the next moment, and a page opened then must not end its stream on what the run was before.
+    """
+
+    def __init__(self, max_age_s: float = POLL_SECONDS) -> None:
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._runs: dict[int, _Rendering] = {}
+
+    def get(self, run_id: int, render: Callable[[], Fragments]) -> Fragments:
+        """The run's fragments rendered less than `max_age_s` ago, or `render()` now (once, for all who ask)."""
+        with self._lock:
+            self._forget_unwatched()
+            last = self._runs.setdefault(run_id, _Rendering())
+        with last.lock:  # a page asking meanwhile waits for this rendering rather than making its own
+            fresh = time.monotonic() - last.at < self.max_age_s
+            if last.fragments is None or not fresh or last.fragments.final:
+                last.fragments, last.at = render(), time.monotonic()
+            return last.fragments
+
+    def _forget_unwatched(self) -> None:
+        unwatched = time.monotonic() - 60 * self.max_age_s
+        for run_id in [run for run, last in self._runs.items() if last.at < unwatched and not last.lock.locked()]:
+            del self._runs[run_id]
 
 
 @dataclass
@@ -65,19 +117,20 @@ async def run_events(
     state = StreamState(after_id=after_id)
     while not await request.is_disconnected():
         snap = await run_in_threadpool(snapshot, state.after_id)
+        fragments = snap.fragments
         if snap.points:
             state.after_id = snap.points[-1].id
             yield message("points", points_json(snap.points), state.after_id)
-        if snap.status_html != state.status_html:
-            state.status_html = snap.status_html
-            yield message("status", snap.status_html)
-        if snap.files_html != state.files_html:
-            state.files_html = snap.files_html
-            yield message("files", snap.files_html)
-        if snap.output_html != state.output_html:
-            state.output_html = snap.output_html
-            yield message("output", snap.output_html)
-        if snap.final and not snap.points:
+        if fragments.status_html != state.status_html:
+            state.status_html = fragments.status_html
+            yield message("status", fragments.status_html)
+        if fragments.files_html != state.files_html:
+            state.files_html = fragments.files_html
+            yield message("files", fragments.files_html)
+        if fragments.output_html != state.output_html:
+            state.output_html = fragments.output_html
+            yield message("output", fragments.output_html)
+        if fragments.final and not snap.points:
             yield message("end", "")
             return
         if not snap.points:  # a backlog is sent at once, page by page; otherwise wait for news

@@ -43,7 +43,7 @@ router = APIRouter(prefix="/api/runs", tags=["runs"])
 bearer = HTTPBearer(auto_error=False, description="The per-run token the launcher gives the trainer.")
 
 
-def trainer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+async def trainer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
     if credentials is None:
         raise InvalidToken("an Authorization: Bearer <token> header is required")
     return credentials.credentials

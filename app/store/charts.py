@@ -17,7 +17,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
@@ -68,9 +68,12 @@ class ChartPlan:
     tier: int | None
 
 
-@dataclass(frozen=True)
-class Bucket:
-    """One rank's bucket: its highest step, and the min, max (NaN when it holds only NaN) and value there."""
+class Bucket(NamedTuple):
+    """One rank's bucket: its highest step, and the min, max (NaN when it holds only NaN) and value there.
+
+    A named tuple, like StoredPoint: a chart is a thousand of them, and a frozen dataclass is several times slower to
+    make.
+    """
 
     rank: int
     step: int
@@ -135,10 +138,8 @@ def buckets(db: Session, *, series_id: int, chart: ChartPlan, rank: int | None) 
         f"  FROM ({' UNION ALL '.join(segments)}) s GROUP BY s.rank, s.k) a"
         " ORDER BY a.rank, a.last_step"
     )
-    return [
-        Bucket(r.rank, r.last_step, _value(r.min_value), _value(r.max_value), _value(r.last_value))
-        for r in db.execute(query, params)
-    ]
+    rows: Sequence[Any] = db.execute(query, params).all()  # all at once: row by row is several times slower
+    return [Bucket(rank, step, _value(low), _value(high), _value(last)) for rank, step, low, high, last in rows]
 
 
 def _value(stored: float | None) -> float:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Insert, Table, func, or_, select
+from sqlalchemy import Insert, Result, Table, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -23,9 +22,11 @@ POINTS: Table = MetricPoint.__table__  # type: ignore[assignment]
 SERIES: Table = MetricSeries.__table__  # type: ignore[assignment]
 
 
-@dataclass(frozen=True)
-class StoredPoint:
-    """A point as read back: `id` orders points by arrival, for cursors."""
+class StoredPoint(NamedTuple):
+    """A point as read back: `id` orders points by arrival, for cursors.
+
+    A named tuple, not a dataclass: live pages read thousands a second, and a tuple is made several times faster.
+    """
 
     id: int
     key: str
@@ -80,9 +81,14 @@ def _point_columns() -> Any:
     )
 
 
-def _stored(rows: Iterable[Any]) -> list[StoredPoint]:
-    # NULL stands for NaN (see MetricPoint).
-    return [StoredPoint(r.id, r.key, r.step, r.rank, math.nan if r.value is None else r.value, r.time) for r in rows]
+def _stored(result: Result[Any]) -> list[StoredPoint]:
+    # All rows at once: iterating a result fetches them one by one, several times slower. NULL stands for NaN (see
+    # MetricPoint).
+    rows: Sequence[Any] = result.all()
+    return [
+        StoredPoint(id_, key, step, rank, math.nan if value is None else value, time)
+        for id_, key, step, rank, value, time in rows
+    ]
 
 
 def points_in_range(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 from fastapi.testclient import TestClient
 
 from app.models import Run, RunStatus
+from app.stream import Fragments, SharedFragments
 from tests.app.conftest import batch, post
 
 
@@ -53,3 +55,35 @@ def test_a_reconnecting_page_gets_only_what_it_has_not_seen(client: TestClient, 
 
 def test_stream_of_unknown_run_is_404(client: TestClient) -> None:
     assert client.get("/runs/77/stream").status_code == 404
+
+
+def finish_as(client: TestClient, run_id: int, status: RunStatus) -> None:
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).status = status
+
+
+def test_a_page_opened_right_after_a_resume_shows_the_run_as_it_is_now(client: TestClient, run_id: int) -> None:
+    # Pages share a run's fragments for a second; what a finished run looked like must not be shared, or a page
+    # opened the moment the run came back would show, and end on, what it was before.
+    post(client, run_id, batch(1))
+    finish_as(client, run_id, RunStatus.succeeded)
+    client.get(f"/runs/{run_id}/stream")
+    finish_as(client, run_id, RunStatus.running)
+    post(client, run_id, batch(2))
+    finish_as(client, run_id, RunStatus.stopped)
+    statuses = [data for kind, data, _ in events(client.get(f"/runs/{run_id}/stream").text) if kind == "status"]
+    assert 'id="status">stopped<' in statuses[0]
+
+
+def test_pages_of_one_run_share_one_rendering_a_second() -> None:
+    shared, renderings = SharedFragments(max_age_s=0.5), []
+
+    def render() -> Fragments:
+        renderings.append(time.monotonic())
+        return Fragments(f"status {len(renderings)}", "", "", final=False)
+
+    first = [shared.get(1, render).status_html for _page in range(20)]
+    other_run = shared.get(2, render).status_html
+    time.sleep(0.6)
+    later = shared.get(1, render).status_html
+    assert first == ["status 1"] * 20 and other_run == "status 2" and later == "status 3"
