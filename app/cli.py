@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from importlib import metadata
 
+from app import __version__
 from app.errors import SchemaMismatch
 from app.settings import Settings
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rankboard", description="Start, stop and watch PyTorch DDP runs.")
-    parser.add_argument("--version", action="version", version=f"rankboard {metadata.version('rankboard')}")
+    parser.add_argument("--version", action="version", version=f"rankboard {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="start the dashboard (one worker: the server is single-writer)")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1, or RANKBOARD_HOST)")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib import metadata
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -14,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
-from app import logs_pages, pages
+from app import __version__, logs_pages, pages
 from app.api import charts as charts_api
 from app.api import files as files_api
 from app.api import health
@@ -56,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(
         title="Rankboard",
-        version=metadata.version("rankboard"),
+        version=__version__,
         lifespan=lifespan,
         description="Start, stop and watch PyTorch DDP training runs.",
         docs_url=None,  # FastAPI's own /docs and /redoc load their scripts from a CDN: app.pages serves /docs locally
