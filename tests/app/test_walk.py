@@ -172,6 +172,8 @@ def run_page(answer: Answer) -> None:
         assert 'id="final-loss">0.0500<' in answer.text
     if run.state in ("stopped", "failed", "lost"):
         assert "Resume from step 40" in answer.text
+    # The explanation sits with the logs, far down: a failed or lost run links to it from its status.
+    assert ('<a href="#explain">What went wrong</a>' in answer.text) == (run.state in ("failed", "lost"))
     if run.live:
         assert ("Stopping…</button>" if run.status == RunStatus.stopping else "Stop</button>") in answer.text
 
