@@ -102,6 +102,9 @@ def main() -> None:
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=60))
     try:
         Trainer(args, rank, local_rank, world_size).train()
+        # All ranks leave together (rank 0 may still be sending its last metrics): ending unevenly makes gloo's rare
+        # abort at exit, "terminate called without an active exception", far likelier (see trainer/train.py).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
