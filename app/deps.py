@@ -1,4 +1,4 @@
-"""Typed dependencies for routes: the request's database session, the launcher, the settings."""
+"""Typed dependencies for routes: the request's database session, the launcher, the run folders, the settings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from app.folders import RunFolders
 from app.launcher.local import LocalLauncher
 from app.settings import Settings
 
@@ -22,10 +23,15 @@ def get_launcher(request: Request) -> LocalLauncher:
     return request.app.state.launcher
 
 
+def get_folders(request: Request) -> RunFolders:
+    return request.app.state.folders
+
+
 def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
 SessionDep = Annotated[Session, Depends(get_db)]
 LauncherDep = Annotated[LocalLauncher, Depends(get_launcher)]
+FoldersDep = Annotated[RunFolders, Depends(get_folders)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

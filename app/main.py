@@ -22,6 +22,7 @@ from app.api import host as host_api
 from app.api import runs as runs_api
 from app.db import make_engine, make_sessionmaker, prepare_schema
 from app.errors import FieldInvalid, FormInvalid, RankboardError
+from app.folders import RunFolders
 from app.launcher.local import LocalLauncher
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
@@ -41,8 +42,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.sqlalchemy_url)
     prepare_schema(engine, settings.sqlalchemy_url)
     sessions = make_sessionmaker(engine)
-    launcher = LocalLauncher(settings)
-    supervisor = Supervisor(sessions, launcher, interval=settings.supervise_interval_s, grace=settings.stop_grace_s)
+    folders = RunFolders(settings.shared)
+    launcher = LocalLauncher(settings, folders)
+    supervisor = Supervisor(
+        sessions, launcher, folders, interval=settings.supervise_interval_s, grace=settings.stop_grace_s,
+        stall_after=settings.stall_after_s,
+    )  # fmt: skip
     host_sampler = HostSampler()  # NVML opened on the first look at the Host page, once for the app
 
     @asynccontextmanager
@@ -60,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Start, stop and watch PyTorch DDP training runs.",
     )
     app.state.settings, app.state.sessions, app.state.launcher = settings, sessions, launcher
+    app.state.folders = folders
     app.state.supervisor, app.state.templates = supervisor, make_templates()
     app.state.host_sampler = host_sampler
     app.add_exception_handler(RankboardError, _error_response)  # type: ignore[arg-type]

@@ -10,10 +10,10 @@ import signal
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
 
+from app.folders import RunFolders
 from app.launcher import processes
+from app.launcher.interface import Launch
 from app.models import Run
 from app.settings import Settings
 from trainer import gpu, wire
@@ -33,16 +33,6 @@ WORKER_FAILURE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(p
 LAUNCH_MARKER = "--- rankboard launch "  # begins the line written to launcher.log before each launch of a run
 
 
-@dataclass(frozen=True)
-class Launch:
-    """What the launcher started, as the run records it."""
-
-    launch_id: str
-    pid: int
-    start_ticks: int | None
-    command: list[str]
-
-
 def detect_gpu_count() -> int:
     """GPUs NVML can see on this host, through the same interface the samplers use; 0 without a driver."""
     try:
@@ -60,24 +50,21 @@ def detect_gpu_count() -> int:
 class LocalLauncher:
     """Starts, signals and inspects the runs of this host."""
 
-    def __init__(self, settings: Settings) -> None:
+    name = "local"
+
+    def __init__(self, settings: Settings, folders: RunFolders) -> None:
         self.settings = settings
+        self.folders = folders
         self.gpu_count = detect_gpu_count()
         self.capacity = settings.slots or self.gpu_count or os.cpu_count() or 1
         self._children: dict[int, subprocess.Popen[bytes]] = {}
-
-    def run_dir(self, run: Run) -> Path:
-        return self.settings.shared / "logs" / run.folder
-
-    def checkpoint_dir(self, run: Run) -> Path:
-        return self.settings.shared / "checkpoints" / run.folder
 
     def trainer_command(self, run: Run) -> list[str]:
         """The torchrun command line of a run, as a list: no shell ever sees it."""
         torchrun = [
             sys.executable, "-m", "torch.distributed.run",
             "--standalone", f"--nproc-per-node={run.nproc_per_node}",
-            "--log-dir", str(self.run_dir(run) / "ranks"), "--redirects", "3",
+            "--log-dir", str(self.folders.run_dir(run) / "ranks"), "--redirects", "3",
             "--max-restarts", str(run.max_restarts),
         ]  # fmt: skip
         if run.script:
@@ -87,13 +74,13 @@ class LocalLauncher:
             options.update(init_from=str(self.settings.shared / run.init_from), init_optimizer=run.init_optimizer)
         flags = [(f"--{name.replace('_', '-')}", wire.flag_value(value)) for name, value in options.items()]
         return [*torchrun, "-m", "trainer", *itertools.chain.from_iterable(flags),
-                "--checkpoint-dir", str(self.checkpoint_dir(run))]  # fmt: skip
+                "--checkpoint-dir", str(self.folders.checkpoint_dir(run))]  # fmt: skip
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Starts the run's torchrun under the exit-recording waiter, in a process session of its own."""
-        run_dir = self.run_dir(run)
+        run_dir = self.folders.run_dir(run)
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_dir(run).mkdir(parents=True, exist_ok=True)
+        self.folders.checkpoint_dir(run).mkdir(parents=True, exist_ok=True)
         (run_dir / EXIT_FILE).unlink(missing_ok=True)
         launch_id = uuid.uuid4().hex
         command = self.trainer_command(run)
@@ -114,8 +101,8 @@ class LocalLauncher:
             wire.ENV_RUN_ID: str(run.id),
             wire.ENV_SERVER_URL: self.settings.trainer_url,
             wire.ENV_TOKEN: token,
-            wire.ENV_RUN_DIR: str(self.run_dir(run)),
-            wire.ENV_CHECKPOINT_DIR: str(self.checkpoint_dir(run)),
+            wire.ENV_RUN_DIR: str(self.folders.run_dir(run)),
+            wire.ENV_CHECKPOINT_DIR: str(self.folders.checkpoint_dir(run)),
             wire.ENV_LAUNCH_ID: launch_id,
             "PYTHONUNBUFFERED": "1",
             # Restarted workers must not reuse the agent's rendezvous store (pytorch/pytorch#135712).
@@ -129,7 +116,7 @@ class LocalLauncher:
     def worker_failures(self, run: Run) -> list[str]:
         """Each worker death torchrun has logged for this launch, oldest first, as a person reads it."""
         try:
-            with open(self.run_dir(run) / LAUNCHER_LOG, "rb") as log:
+            with open(self.folders.run_dir(run) / LAUNCHER_LOG, "rb") as log:
                 size = log.seek(0, os.SEEK_END)
                 log.seek(max(0, size - LAUNCHER_LOG_READ))
                 text = log.read().decode(errors="replace")
@@ -141,13 +128,9 @@ class LocalLauncher:
         """The exit code the waiter recorded, or None while the run has not ended (or its waiter was killed)."""
         self._reap()
         try:
-            return int(json.loads((self.run_dir(run) / EXIT_FILE).read_text())["exit_code"])
+            return int(json.loads((self.folders.run_dir(run) / EXIT_FILE).read_text())["exit_code"])
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             return None
-
-    def trainer_finished(self, run: Run) -> bool:
-        """True when rank 0 wrote its completion marker: training ran to its end whatever torchrun's exit code."""
-        return (self.run_dir(run) / wire.FINISHED_MARKER).exists()
 
     def is_alive(self, run: Run) -> bool:
         self._reap()

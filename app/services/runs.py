@@ -11,10 +11,13 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from app.errors import FieldInvalid, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
+from app.folders import RunFolders
+from app.launcher.interface import Launcher
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
 from app.services import checkpoints, files, health, metrics, storage
+from app.settings import Settings
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 from trainer import wire
@@ -40,17 +43,19 @@ def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int)
     return run_store.list_runs(db, status=status, limit=limit, offset=offset)
 
 
-def create_run(db: Session, *, spec: RunCreate, launcher: LocalLauncher) -> Run:
+def create_run(
+    db: Session, *, spec: RunCreate, settings: Settings, folders: RunFolders, launcher: LocalLauncher
+) -> Run:
     """Stores a new run in `queued`; the supervisor starts it when its processes fit on this host."""
     _check_fits_host(spec, launcher=launcher)
     with db.begin():
         if spec.init_from:
-            spec = spec.model_copy(update={"init_from": checkpoints.checked_init_from(launcher.settings.shared,
+            spec = spec.model_copy(update={"init_from": checkpoints.checked_init_from(folders.shared,
                                                                                        spec.init_from)})  # fmt: skip
         if spec.script:
-            script = checked_script(launcher.settings.script_roots, spec.script)
+            script = checked_script(settings.script_roots, spec.script)
             spec = spec.model_copy(update={"script": script, "workload": SCRIPT_WORKLOAD})
-        checkpoints.check_disk_room(db, spec, launcher=launcher)
+        checkpoints.check_disk_room(db, spec, folders=folders)
         run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="")
         db.add(run)
         db.flush()
@@ -91,13 +96,13 @@ def checked_script(roots: Sequence[Path], script: str) -> str:
     return str(resolved)
 
 
-def resume_run(db: Session, *, run_id: int, launcher: LocalLauncher) -> Run:
+def resume_run(db: Session, *, run_id: int, folders: RunFolders) -> Run:
     """Queues a stopped, failed or lost run again: it continues as the same run from its newest snapshot."""
     with db.begin():
         run = get_run(db, run_id=run_id)
         if run.status not in RESUMABLE:
             raise RunNotActive(f"run {run_id} is {run.status.value}; only a stopped, failed or lost run can resume")
-        snapshot = checkpoints.newest_checkpoint(launcher.checkpoint_dir(run))
+        snapshot = checkpoints.newest_checkpoint(folders.checkpoint_dir(run))
         if snapshot is None and not run.script:
             raise RunNotActive(f"run {run_id} has no checkpoint to resume from; start a new run instead")
         run.finished_at = run.exit_code = run.stop_requested_at = run.final_loss = None
@@ -108,7 +113,7 @@ def resume_run(db: Session, *, run_id: int, launcher: LocalLauncher) -> Run:
     return run
 
 
-def stop_run(db: Session, *, run_id: int, launcher: LocalLauncher) -> Run:
+def stop_run(db: Session, *, run_id: int, launcher: Launcher) -> Run:
     """Asks a run to stop: a queued run stops at once, a live one gets SIGTERM and a grace period."""
     with db.begin():
         run = get_run(db, run_id=run_id)
@@ -124,24 +129,25 @@ def stop_run(db: Session, *, run_id: int, launcher: LocalLauncher) -> Run:
     return run
 
 
-def supervise(db: Session, *, launcher: LocalLauncher, grace: timedelta) -> None:
+def supervise(
+    db: Session, *, launcher: LocalLauncher, folders: RunFolders, grace: timedelta, stall_after: timedelta
+) -> None:
     """One tick: end the runs whose processes ended, escalate stops past their grace, note the live runs that stopped
     progressing (or move again), start what fits."""
-    stall_after = timedelta(seconds=launcher.settings.stall_after_s)
     with db.begin():
         for run in run_store.runs_with_status(db, ACTIVE):
-            _check_active(db, run, launcher=launcher, grace=grace)
+            _check_active(db, run, launcher=launcher, folders=folders, grace=grace)
             health.record(db, run, now=utcnow(), stall_after=stall_after)  # only a run still running, so alive
         _start_queued(db, launcher=launcher)
 
 
-def _check_active(db: Session, run: Run, *, launcher: LocalLauncher, grace: timedelta) -> None:
+def _check_active(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders, grace: timedelta) -> None:
     exit_code = launcher.exit_code(run)
     if exit_code is not None:
-        _finish(db, run, launcher=launcher, exit_code=exit_code)
+        _finish(db, run, launcher=launcher, folders=folders, exit_code=exit_code)
     elif not launcher.is_alive(run):
         # The waiter itself is gone without recording an exit: killed after a stop, or by someone else.
-        _finish(db, run, launcher=launcher, exit_code=None)
+        _finish(db, run, launcher=launcher, folders=folders, exit_code=None)
     elif run.stop_requested_at is not None and utcnow() - run.stop_requested_at > grace:
         killed = launcher.kill(run)
         run_store.set_status(db, run, RunStatus.stopping, f"grace period over: killed {killed} processes")
@@ -149,7 +155,7 @@ def _check_active(db: Session, run: Run, *, launcher: LocalLauncher, grace: time
         _record_restarts(db, run, launcher=launcher)
 
 
-def _record_restarts(db: Session, run: Run, *, launcher: LocalLauncher) -> None:
+def _record_restarts(db: Session, run: Run, *, launcher: Launcher) -> None:
     """An event for each restart torchrun made since the last tick, saying which rank died and how."""
     if not run.max_restarts:
         return
@@ -161,19 +167,19 @@ def _record_restarts(db: Session, run: Run, *, launcher: LocalLauncher) -> None:
         run_store.set_status(db, run, run.status, reason)
 
 
-def _finish(db: Session, run: Run, *, launcher: LocalLauncher, exit_code: int | None) -> None:
+def _finish(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders, exit_code: int | None) -> None:
     launcher.kill(run)  # whatever torchrun left behind; a finished run owns no process
-    recovered = metrics.ingest_leftover_spools(db, run_id=run.id, run_dir=launcher.run_dir(run))
+    recovered = metrics.ingest_leftover_spools(db, run_id=run.id, run_dir=folders.run_dir(run))
     status, reason = final_status(
         exit_code=exit_code,
         stop_requested=run.stop_requested_at is not None,
-        trainer_finished=launcher.trainer_finished(run),
+        trainer_finished=folders.trainer_finished(run),
     )
     run.exit_code = exit_code
     run.finished_at = utcnow()
     run.devices = None
     run.final_loss = metric_store.last_value(db, run_id=run.id, key="loss")
-    if status == RunStatus.failed and (why := files.checkpoint_failure(run, launcher=launcher)):
+    if status == RunStatus.failed and (why := files.checkpoint_failure(run, folders=folders)):
         reason = f"{reason}: {why}"
     if recovered:
         reason += f"; {recovered} points the trainer could not send were recovered from its spool"
