@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
 from app.folders import RunFolders
+from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.settings import Settings
 
@@ -23,6 +24,10 @@ def get_launcher(request: Request) -> LocalLauncher:
     return request.app.state.launcher
 
 
+def get_launchers(request: Request) -> Launchers:
+    return request.app.state.launchers
+
+
 def get_folders(request: Request) -> RunFolders:
     return request.app.state.folders
 
@@ -34,4 +39,5 @@ def get_settings(request: Request) -> Settings:
 SessionDep = Annotated[Session, Depends(get_db)]
 LauncherDep = Annotated[LocalLauncher, Depends(get_launcher)]
 FoldersDep = Annotated[RunFolders, Depends(get_folders)]
+LaunchersDep = Annotated[Launchers, Depends(get_launchers)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

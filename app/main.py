@@ -23,7 +23,9 @@ from app.api import runs as runs_api
 from app.db import make_engine, make_sessionmaker, prepare_schema
 from app.errors import FieldInvalid, FormInvalid, RankboardError
 from app.folders import RunFolders
+from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
+from app.launcher.slurm import SlurmLauncher, slurm_available
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
 from app.settings import Settings
@@ -44,8 +46,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     sessions = make_sessionmaker(engine)
     folders = RunFolders(settings.shared)
     launcher = LocalLauncher(settings, folders)
+    offer_slurm = settings.launcher == "slurm" or (settings.launcher == "auto" and slurm_available())
+    launchers = Launchers(launcher, SlurmLauncher(settings, folders) if offer_slurm else None)
     supervisor = Supervisor(
-        sessions, launcher, folders, interval=settings.supervise_interval_s, grace=settings.stop_grace_s,
+        sessions, launchers, folders, interval=settings.supervise_interval_s, grace=settings.stop_grace_s,
         stall_after=settings.stall_after_s,
     )  # fmt: skip
     host_sampler = HostSampler()  # NVML opened on the first look at the Host page, once for the app
@@ -65,7 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Start, stop and watch PyTorch DDP training runs.",
     )
     app.state.settings, app.state.sessions, app.state.launcher = settings, sessions, launcher
-    app.state.folders = folders
+    app.state.folders, app.state.launchers = folders, launchers
     app.state.supervisor, app.state.templates = supervisor, make_templates()
     app.state.host_sampler = host_sampler
     app.add_exception_handler(RankboardError, _error_response)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from app.deps import FoldersDep, LauncherDep, SessionDep, SettingsDep
+from app.deps import FoldersDep, LauncherDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, FormInvalid, RankboardError
 from app.folders import RunFolders
 from app.forms import as_form_text, parse_run_form, run_form_groups
@@ -98,10 +98,10 @@ def new_run_form(
 
 @router.post("/runs")
 def create_run(
-    db: SessionDep, settings: SettingsDep, folders: FoldersDep, launcher: LauncherDep, values: FormValues
+    db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep, values: FormValues
 ) -> Response:
     spec = parse_run_form(values)
-    run = runs.create_run(db, spec=spec, settings=settings, folders=folders, launcher=launcher)
+    run = runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers)
     return RedirectResponse(f"/runs/{run.id}", status_code=303)
 
 
@@ -117,9 +117,14 @@ def run_page(request: Request, run_id: RunId, db: SessionDep, folders: FoldersDe
 
 @router.post("/runs/{run_id}/stop")
 def stop_run(
-    request: Request, run_id: RunId, db: SessionDep, launcher: LauncherDep, folders: FoldersDep, hx: HtmxRequest = None
+    request: Request,
+    run_id: RunId,
+    db: SessionDep,
+    launchers: LaunchersDep,
+    folders: FoldersDep,
+    hx: HtmxRequest = None,
 ) -> Response:
-    run = runs.stop_run(db, run_id=run_id, launcher=launcher)
+    run = runs.stop_run(db, run_id=run_id, launchers=launchers)
     if hx:
         context = run_context(run, folders, request.app.state.settings)
         return HTMLResponse(render_block(templates_of(request), "run.html", "status", context))
@@ -210,6 +215,7 @@ def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, 
         "run": run, "elapsed": elapsed, "eta": eta,
         "percent": 100 * run.step / run.total_steps if run.total_steps else 0,
         "outputs": [o for o in files.rank_outputs(run, folders=folders) if o.lines],
+        "job_script": files.job_script(run, folders=folders),
         "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, folders=folders),
         "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),

@@ -13,7 +13,7 @@ from datetime import timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.folders import RunFolders
-from app.launcher.local import LocalLauncher
+from app.launcher.launchers import Launchers
 from app.services import runs
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ class Supervisor:
     def __init__(
         self,
         sessions: sessionmaker[Session],
-        launcher: LocalLauncher,
+        launchers: Launchers,
         folders: RunFolders,
         *,
         interval: float,
@@ -31,7 +31,7 @@ class Supervisor:
         stall_after: float,
     ):
         self.sessions = sessions
-        self.launcher = launcher
+        self.launchers = launchers
         self.folders = folders
         self.interval = interval
         self.grace = timedelta(seconds=grace)
@@ -49,7 +49,7 @@ class Supervisor:
     def tick(self) -> None:
         with self.sessions() as db:
             runs.supervise(
-                db, launcher=self.launcher, folders=self.folders, grace=self.grace, stall_after=self.stall_after
+                db, launchers=self.launchers, folders=self.folders, grace=self.grace, stall_after=self.stall_after
             )
 
     def _loop(self) -> None:

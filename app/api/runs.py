@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api import UNREADABLE_BODY, documented
-from app.deps import FoldersDep, LauncherDep, SessionDep, SettingsDep
+from app.deps import FoldersDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound
 from app.models import Run, RunStatus
 from app.params import (
@@ -52,9 +52,9 @@ def trainer_token(credentials: Annotated[HTTPAuthorizationCredentials | None, De
 @router.post("", status_code=201, response_model=RunDetail, responses={**documented(FieldInvalid), **UNREADABLE_BODY},
              summary="Create a run; it starts when it fits")  # fmt: skip
 def create_run(
-    spec: RunCreate, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launcher: LauncherDep
+    spec: RunCreate, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep
 ) -> Run:
-    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launcher=launcher)
+    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers)
 
 
 @router.get("", response_model=RunPage, summary="List runs, newest first")
@@ -84,8 +84,8 @@ def run_health(run_id: RunId, db: SessionDep, settings: SettingsDep) -> health.H
 
 @router.post("/{run_id}/stop", status_code=202, response_model=RunDetail,
              responses=documented(RunNotFound, RunNotActive), summary="Stop a run gracefully")  # fmt: skip
-def stop_run(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> Run:
-    return runs.stop_run(db, run_id=run_id, launcher=launcher)
+def stop_run(run_id: RunId, db: SessionDep, launchers: LaunchersDep) -> Run:
+    return runs.stop_run(db, run_id=run_id, launchers=launchers)
 
 
 @router.post("/{run_id}/resume", status_code=202, response_model=RunDetail,

@@ -2,29 +2,61 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.models import Run
+from app.models import Run, RunStatus
 
 
 @dataclass(frozen=True)
 class Launch:
-    """What the launcher started, as the run records it."""
+    """What the launcher started, as the run records it: a process on this host, or a scheduler's job."""
 
     launch_id: str
-    pid: int
+    pid: int | None
     start_ticks: int | None
     command: list[str]
+    description: str  # the run's event: where it went ("torchrun started (pid 12) on GPUs [0, 1]")
+    job_id: str | None = None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A scheduler's word on a run's job: its state, why it waits, the nodes it holds."""
+
+    state: str
+    reason: str
+    nodes: str
+
+
+class LaunchRefused(Exception):
+    """The scheduler would not take the run; `message` is its own words."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class Launcher(Protocol):
     """The process side of a run; its folders belong to storage (app.folders), its options to the run."""
 
-    name: str  # as the API and the pages say it: "local"
+    name: str  # as the API and the pages say it: "local", "slurm"
+
+    def refresh(self, runs: Sequence[Run]) -> None:
+        """One look at all of this launcher's live runs, before a tick asks about each (one squeue, not N)."""
+        ...
+
+    def observe(self, run: Run) -> JobView | None:
+        """The scheduler's view of the run's job, when there is a scheduler."""
+        ...
+
+    def verdict(self, run: Run) -> tuple[RunStatus, str] | None:
+        """How an ended run ended in the scheduler's words, when the trainer's markers and a stop do not say."""
+        ...
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
-        """Starts the run; `token` travels in the processes' environment only."""
+        """Starts the run; `token` travels in the processes' environment only. Raises LaunchRefused."""
         ...
 
     def exit_code(self, run: Run) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.folders import RunFolders
+from app.launcher.slurm import JOB_SCRIPT
 from app.models import Run
 from app.services import logs
 
@@ -28,6 +29,16 @@ def rank_outputs(run: Run, *, folders: RunFolders, lines: int = 20) -> list[Rank
             except FileNotFoundError:
                 continue  # deleted since it was listed
     return outputs
+
+
+def job_script(run: Run, *, folders: RunFolders) -> str | None:
+    """The batch script a Slurm run was submitted with, as written into its folder; None for other runs."""
+    if run.launcher != "slurm":
+        return None
+    try:
+        return (folders.run_dir(run) / JOB_SCRIPT).read_text(errors="replace")
+    except FileNotFoundError:
+        return None
 
 
 def checkpoint_failure(run: Run, *, folders: RunFolders) -> str | None:

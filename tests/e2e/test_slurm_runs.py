@@ -1,0 +1,106 @@
+"""End to end through Slurm: a real server submits to the tests' one-node cluster; two torchrun agents in one job
+step stand in for two nodes (c10d rendezvous between them), as the project's Slurm notes describe."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from app.launcher import processes
+from tests.e2e.runs import FINAL, create, loss_steps, output, wait_status
+from tests.live import LiveServer, run_processes, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def slurm_server(slurm: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server that submits to Slurm, one process per agent and two agents on the one node."""
+    root = tmp_path_factory.mktemp("slurm-server")
+    server = LiveServer(root, SLURM_CONF=slurm["SLURM_CONF"], RANKBOARD_LAUNCHER="slurm",
+                        RANKBOARD_SLURM_AGENTS_PER_NODE="2", RANKBOARD_SLURM_POLL_S="0.5",
+                        RANKBOARD_STOP_GRACE_S="30", RANKBOARD_SLOTS="2")  # fmt: skip
+    server.start()
+    yield server
+    server.stop()
+    processes.kill_all(run_processes(root))  # a failed test must not leave trainers behind
+
+
+def slurm_run(server: LiveServer, **options: object) -> dict:
+    with server.api() as api:
+        return create(api, launcher="slurm", nproc_per_node=1, slurm_time_limit="10:00", **options)
+
+
+def test_a_two_agent_run_succeeds_with_every_step_once_and_a_loadable_checkpoint(slurm_server: LiveServer) -> None:
+    run = slurm_run(slurm_server, epochs=2, batch_size=128, checkpoint_every=1)
+    with slurm_server.api() as api:
+        done = wait_status(api, run["id"], FINAL, timeout=240)
+        assert done["status"] == "succeeded", (done["status_reason"], output(slurm_server, run["id"]))
+        assert done["job_id"] and done["job_state"] in ("RUNNING", "COMPLETING", "COMPLETED")
+        assert any(f"Slurm job {done['job_id']}: running on" in e["reason"] for e in done["events"])
+        steps = loss_steps(api, run["id"])
+        assert [s for s, _ in steps] == list(range(1, done["total_steps"] + 1))  # every step, exactly once
+        checkpoints = api.get(f"/api/runs/{run['id']}/checkpoints").json()
+        page = api.get(f"/runs/{run['id']}").text
+    assert checkpoints and checkpoints[-1]["step"] == done["total_steps"]
+    state = torch.load(slurm_server.root / "shared" / checkpoints[-1]["path"], weights_only=True)
+    assert state["step"] == done["total_steps"]
+    assert "#SBATCH --ntasks-per-node=2" in page and "--rdzv-backend=c10d" in page  # the job script, on the page
+    assert run_processes(slurm_server.root) == []
+
+
+def test_stop_ends_stopped_with_a_checkpoint_and_no_process(slurm_server: LiveServer) -> None:
+    run = slurm_run(slurm_server, epochs=1000)
+    with slurm_server.api() as api:
+        wait_for(lambda: api.get(f"/api/runs/{run['id']}").json()["step"] > 20, 180, what="training to start")
+        assert run_processes(slurm_server.root) != []
+        assert api.post(f"/api/runs/{run['id']}/stop").json()["status"] == "stopping"
+        done = wait_status(api, run["id"], FINAL, timeout=90)
+        assert done["status"] == "stopped", done["status_reason"]
+        checkpoints = api.get(f"/api/runs/{run['id']}/checkpoints").json()
+    assert len(checkpoints) == 1 and checkpoints[0]["step"] > 20
+    assert torch.load(slurm_server.root / "shared" / checkpoints[0]["path"], weights_only=True)["step"] > 20
+    wait_for(lambda: run_processes(slurm_server.root) == [] or None, 30, what="the job's processes to end")
+
+
+def test_a_job_cancelled_by_hand_ends_cancelled_outside_rankboard(slurm_server: LiveServer, slurm: dict) -> None:
+    run = slurm_run(slurm_server, epochs=1000)
+    with slurm_server.api() as api:
+        job = wait_for(lambda: api.get(f"/api/runs/{run['id']}").json()["job_id"], 60, what="the job id")
+        subprocess.run(["scancel", job], env=slurm, check=True, timeout=30)
+        done = wait_status(api, run["id"], FINAL, timeout=90)
+    assert done["status"] == "stopped" and "cancelled outside Rankboard" in done["status_reason"]
+
+
+def test_bad_slurm_options_are_refused_naming_the_field_and_nothing_is_submitted(
+    slurm_server: LiveServer, slurm: dict
+) -> None:
+    before = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i"], env=slurm,
+                            capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    with slurm_server.api() as api:
+        runs_before = api.get("/api/runs").json()["total"]
+        for options, field in [
+            ({"slurm_partition": "gpu-huge"}, "slurm_partition"),
+            ({"slurm_nodes": 5}, "slurm_nodes"),
+            ({"slurm_nodes": 0}, "slurm_nodes"),
+            ({"slurm_time_limit": "ten minutes"}, "slurm_time_limit"),
+            ({"slurm_account": "a; rm -rf /"}, "slurm_account"),
+        ]:
+            answer = api.post("/api/runs", json={"name": "bad", "launcher": "slurm", "nproc_per_node": 1, **options})
+            assert answer.status_code == 422, answer.text
+            assert field in answer.text, answer.text
+        runs_after = api.get("/api/runs").json()["total"]
+    after = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i"], env=slurm,
+                           capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    assert after == before and runs_after == runs_before
+
+
+def test_a_job_slurm_refuses_ends_failed_in_slurms_own_words(slurm_server: LiveServer) -> None:
+    run = slurm_run(slurm_server, slurm_gpus_per_node=1)  # valid, but the one node of this cluster has no GPU
+    with slurm_server.api() as api:
+        done = wait_status(api, run["id"], FINAL, timeout=60)
+    assert done["status"] == "failed" and done["job_id"] is None
+    assert done["status_reason"].startswith("Slurm refused the job: sbatch: error:"), done["status_reason"]
