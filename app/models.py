@@ -150,6 +150,7 @@ class Run(Base):
     job_state: Mapped[str | None] = mapped_column(String(32))
     job_reason: Mapped[str | None] = mapped_column(String(200))
     node_list: Mapped[str | None] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # 1 once launched; a Slurm requeue makes it 2, 3...
 
     # The trainer's last report of where it stands; `heartbeat_at` is when it came.
     epoch: Mapped[int] = mapped_column(Integer, default=0)

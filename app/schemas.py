@@ -255,6 +255,7 @@ class RunOut(BaseModel):
     job_state: str | None = Field(description="Slurm's state of the job when last looked at (PENDING, RUNNING...).")
     job_reason: str | None = Field(description="Why Slurm keeps the job waiting (Resources, Priority, BeginTime).")
     node_list: str | None = Field(description="The nodes Slurm gave the job.")
+    attempt: int = Field(description="1 once launched; each requeue after Slurm's time-limit warning adds one.")
 
 
 class RunDetail(RunOut):

@@ -30,6 +30,14 @@ class JobView:
     nodes: str
 
 
+@dataclass(frozen=True)
+class Requeue:
+    """A job going back to the queue as the same run: `reason` for the run's event, or `waiting` for the job to end."""
+
+    reason: str = ""
+    waiting: bool = False
+
+
 class LaunchRefused(Exception):
     """The scheduler would not take the run; `message` is its own words."""
 
@@ -57,6 +65,10 @@ class Launcher(Protocol):
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Starts the run; `token` travels in the processes' environment only. Raises LaunchRefused."""
+        ...
+
+    def requeue(self, run: Run) -> Requeue | None:
+        """Sends an ended run back to the scheduler's queue when it was warned off and allows it; None otherwise."""
         ...
 
     def exit_code(self, run: Run) -> int | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from app.folders import RunFolders
 from app.launcher import processes, program
-from app.launcher.interface import JobView, Launch
+from app.launcher.interface import JobView, Launch, Requeue
 from app.models import Run, RunStatus
 from app.settings import Settings
 from trainer import gpu, wire
@@ -92,6 +92,9 @@ class LocalLauncher:
 
     def verdict(self, run: Run) -> tuple[RunStatus, str] | None:
         return None  # the exit code the waiter recorded says it all
+
+    def requeue(self, run: Run) -> Requeue | None:
+        return None  # torchrun's own --max-restarts restarts a run here
 
     def _environment(self, run: Run, token: str, launch_id: str, devices: list[int]) -> dict[str, str]:
         env = dict(os.environ)

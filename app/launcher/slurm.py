@@ -8,6 +8,7 @@ each one quoted, and the run's token travels in the job's environment, never in 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shlex
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from app.folders import RunFolders
 from app.launcher import program
-from app.launcher.interface import JobView, Launch, LaunchRefused
+from app.launcher.interface import JobView, Launch, LaunchRefused, Requeue
 from app.launcher.local import EXIT_FILE, WORKER_FAILURE, describe_failure, read_exit_code
 from app.models import Run, RunStatus
 from app.settings import Settings
@@ -30,6 +31,9 @@ from app.settings import Settings
 log = logging.getLogger(__name__)
 
 JOB_SCRIPT = "job.sbatch"  # in the run's folder, shown on the run page
+WARNED = "slurm-time-limit-warning"  # the batch shell leaves it in the run's folder when Slurm's USR2 came
+SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"  # torchrun forwards only the first four by default, and dies of USR2
+WARNING_LEAD_S = 60  # besides the grace period: how long before the time limit Slurm warns, to finish a step
 OUTPUT_FILE = "slurm-%j.out"  # Slurm's own output of the batch shell and of srun, beside the ranks' logs
 SQUEUE_FORMAT = "%i|%T|%r|%N"
 COMMAND_TIMEOUT_S = 30.0
@@ -107,6 +111,7 @@ class JobOptions:
     qos: str | None
     constraint: str | None
     requeue: bool
+    grace_s: int  # how long the ranks may take to checkpoint after a stop or the time-limit warning
 
     @classmethod
     def of(cls, run: Run, settings: Settings) -> JobOptions:
@@ -117,7 +122,7 @@ class JobOptions:
             time_limit=run.slurm_time_limit or settings.slurm_time_limit,
             partition=run.slurm_partition or settings.slurm_partition,
             account=run.slurm_account or settings.slurm_account, qos=run.slurm_qos, constraint=run.slurm_constraint,
-            requeue=run.slurm_requeue,
+            requeue=run.slurm_requeue, grace_s=math.ceil(settings.stop_grace_s),
         )  # fmt: skip
 
     def directives(self) -> list[str]:
@@ -129,14 +134,18 @@ class JobOptions:
             "gpus-per-node": self.gpus_per_node or None,
         }  # fmt: skip
         lines = [f"#SBATCH --{name}={shlex.quote(str(value))}" for name, value in options.items() if value is not None]
-        return [*lines, "#SBATCH --open-mode=append", "#SBATCH --requeue" if self.requeue else "#SBATCH --no-requeue"]
+        # USR2 to the batch shell near the time limit; append, because a requeued job would truncate its output.
+        return [*lines, f"#SBATCH --signal=B:USR2@{self.grace_s + WARNING_LEAD_S}", "#SBATCH --open-mode=append",
+                "#SBATCH --requeue" if self.requeue else "#SBATCH --no-requeue"]  # fmt: skip
 
 
-def agent_arguments(run: Run, folders: RunFolders) -> list[str]:
+def agent_arguments(run: Run, folders: RunFolders, *, grace_s: int) -> list[str]:
     """torchrun's options and the program, after `-m torch.distributed.run` and the per-task is_host."""
     return [
         "--nnodes=$SLURM_NTASKS", f"--nproc-per-node={run.nproc_per_node}", "--rdzv-backend=c10d",
         "--rdzv-endpoint=$HEAD:$PORT", "--rdzv-id=$SLURM_JOB_ID",
+        # torchrun SIGKILLs its workers 30 s after passing a signal on, unless told to wait as long as the grace.
+        f"--signals-to-handle={SIGNALS}", f"--shutdown-timeout={grace_s}",
         "--log-dir", str(folders.run_dir(run) / "ranks"), "--redirects", "3",
         "--max-restarts", str(run.max_restarts), *program.trainer_program(run, folders),
     ]  # fmt: skip
@@ -145,8 +154,13 @@ def agent_arguments(run: Run, folders: RunFolders) -> list[str]:
 def job_script(run: Run, *, options: JobOptions, folders: RunFolders, python: str = sys.executable) -> str:
     """The batch script: every value quoted, the rendezvous host from Slurm, the exit code recorded at the end."""
     expanded = {"--nnodes=$SLURM_NTASKS", "--rdzv-endpoint=$HEAD:$PORT", "--rdzv-id=$SLURM_JOB_ID"}
-    arguments = " ".join(f'"{a}"' if a in expanded else shlex.quote(a) for a in agent_arguments(run, folders))
+    arguments = " ".join(
+        f'"{a}"' if a in expanded else shlex.quote(a) for a in agent_arguments(run, folders, grace_s=options.grace_s)
+    )
     exit_file = folders.run_dir(run) / EXIT_FILE
+    # The batch shell alone gets Slurm's warning: it notes it for the server and passes it on to the agents.
+    warned = f'touch {shlex.quote(str(folders.run_dir(run) / WARNED))}; scancel --signal=USR2 "$SLURM_JOB_ID.0"'
+
     return "\n".join([
         "#!/bin/bash",
         f"# Rankboard run {run.id}. The server submits it with the run's token in the job's environment.",
@@ -157,6 +171,7 @@ def job_script(run: Run, *, options: JobOptions, folders: RunFolders, python: st
         # Never localhost: on several nodes, each agent would rendezvous with itself and wait forever.
         'if [ -z "$HEAD" ]; then echo "rankboard: no head node in SLURM_JOB_NODELIST" >&2; exit 1; fi',
         "PORT=$(( 29500 + SLURM_JOB_ID % 10000 ))",
+        f"trap {shlex.quote(warned)} USR2",
         f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(AGENT)} {shlex.quote(python)} {arguments} &",
         WAIT_FOR_SRUN,
         f"printf '{{\"exit_code\": %d}}\\n' \"$rc\" > {shlex.quote(str(exit_file))}.tmp",
@@ -185,6 +200,7 @@ class SlurmLauncher:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.folders.checkpoint_dir(run).mkdir(parents=True, exist_ok=True)
         (run_dir / EXIT_FILE).unlink(missing_ok=True)
+        (run_dir / WARNED).unlink(missing_ok=True)
         script = run_dir / JOB_SCRIPT
         script.write_text(job_script(run, options=JobOptions.of(run, self.settings), folders=self.folders))
         launch_id = uuid.uuid4().hex
@@ -230,8 +246,39 @@ class SlurmLauncher:
         return self._jobs.get(run.job_id) if run.job_id else None
 
     def verdict(self, run: Run) -> tuple[RunStatus, str] | None:
+        if (self.folders.run_dir(run) / WARNED).exists():
+            return RunStatus.failed, f"Slurm's time limit was near: the run checkpointed and stopped; {RESUME_HINT}"
         job = self.observe(run)
         return ending(job) if job is not None else None
+
+    def requeue(self, run: Run) -> Requeue | None:
+        """After the time-limit warning, and with requeues left: the same job back in the queue, to start at once."""
+        run_dir = self.folders.run_dir(run)
+        allowed = run.slurm_requeue and run.attempt <= run.slurm_max_requeues
+        if run.job_id is None or not allowed or not (run_dir / WARNED).exists():
+            return None
+        if self.is_alive(run):
+            return Requeue(waiting=True)  # the batch shell is still ending: a live job cannot be requeued yet
+        requeued = self._scontrol(["requeue", run.job_id])
+        # A requeued job waits for BeginTime (about two minutes) unless told to start now.
+        if not requeued or not self._scontrol(["update", f"JobId={run.job_id}", "StartTime=now"]):
+            return None
+        (run_dir / WARNED).unlink(missing_ok=True)
+        (run_dir / EXIT_FILE).unlink(missing_ok=True)
+        # Its last listing says FAILED or COMPLETED: forget it, so that it counts as alive until squeue lists it again.
+        self._jobs.pop(run.job_id, None)
+        self._submitted_at[run.job_id] = time.monotonic()
+        return Requeue(f"Slurm's time limit was near; requeued as job {run.job_id}, resuming from its newest snapshot")
+
+    def _scontrol(self, arguments: list[str]) -> bool:
+        try:
+            done = subprocess.run(["scontrol", *arguments], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            log.warning("scontrol %s failed: %s", " ".join(arguments), error)
+            return False
+        if done.returncode != 0:
+            log.warning("scontrol %s: %s", " ".join(arguments), done.stderr.strip())
+        return done.returncode == 0
 
     def exit_code(self, run: Run) -> int | None:
         """The exit code the batch script recorded at its end; None while it runs, or when Slurm killed it."""

@@ -189,7 +189,8 @@ def _observe(db: Session, run: Run, *, launcher: Launcher) -> None:
 def _check_active(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders, grace: timedelta) -> None:
     exit_code = launcher.exit_code(run)
     if exit_code is not None:
-        _finish(db, run, launcher=launcher, folders=folders, exit_code=exit_code)
+        if not _requeued(db, run, launcher=launcher, folders=folders):
+            _finish(db, run, launcher=launcher, folders=folders, exit_code=exit_code)
     elif not launcher.is_alive(run):
         # The waiter itself is gone without recording an exit: killed after a stop, or by someone else.
         _finish(db, run, launcher=launcher, folders=folders, exit_code=None)
@@ -198,6 +199,20 @@ def _check_active(db: Session, run: Run, *, launcher: Launcher, folders: RunFold
         run_store.set_status(db, run, RunStatus.stopping, f"grace period over: killed {killed} processes")
     else:
         _record_restarts(db, run, launcher=launcher)
+
+
+def _requeued(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders) -> bool:
+    """True when the run goes on: its job requeued as the next attempt (or waiting to end before it is)."""
+    if run.stop_requested_at is not None or folders.trainer_finished(run):
+        return False
+    requeue = launcher.requeue(run)
+    if requeue is None:
+        return False
+    if not requeue.waiting:
+        run.attempt += 1
+        run.exit_code = None
+        run_store.set_status(db, run, RunStatus.starting, f"attempt {run.attempt}: {requeue.reason}")
+    return True
 
 
 def _record_restarts(db: Session, run: Run, *, launcher: Launcher) -> None:
@@ -282,6 +297,7 @@ def _launch(db: Session, run: Run, *, launcher: Launcher, devices: list[int]) ->
     run.token_hash = hash_token(token)
     run.launch_id, run.pid, run.pid_start_ticks = launch.launch_id, launch.pid, launch.start_ticks
     run.command, run.devices, run.job_id = launch.command, devices, launch.job_id
+    run.attempt = 1
     run.started_at = utcnow()
     run_store.set_status(db, run, RunStatus.starting, launch.description)
 

@@ -50,20 +50,21 @@ def test_hostile_names_and_arguments_reach_torchrun_as_data(tmp_path: Path) -> N
     torchrun = argv[5:]
     assert torchrun[:5] == ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
                             "--rdzv-endpoint=node-a:" + str(29500 + 41), "--rdzv-id=41"]  # fmt: skip
+    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2" in torchrun  # else USR2 kills torchrun
     assert torchrun[-len(HOSTILE) - 1 :] == [run.script, *(run.script_args or [])]  # each argument intact
     assert (folders.run_dir(run) / "exit.json").read_text() == '{"exit_code": 0}\n'  # the exit code, recorded
 
 
 def test_the_directives_carry_the_options_and_the_token_never_appears(tmp_path: Path) -> None:
     run = hostile_run(tmp_path)
-    settings = Settings(data_dir=tmp_path, slurm_account="proj-1")
+    settings = Settings(data_dir=tmp_path, slurm_account="proj-1", stop_grace_s=60)
     script = job_script(run, options=JobOptions.of(run, settings), folders=RunFolders(tmp_path))
     directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert directives == [
         "#SBATCH --job-name=rankboard-run-7", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
         "#SBATCH --cpus-per-task=3", "#SBATCH --time=1-00:00", "#SBATCH --partition=debug",
         "#SBATCH --account=proj-1", "#SBATCH --qos=high", "#SBATCH --constraint='a100&ib'",
-        "#SBATCH --open-mode=append", "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR2@120", "#SBATCH --open-mode=append", "#SBATCH --requeue",
     ]  # fmt: skip
     assert "RANKBOARD_TOKEN" not in script
 

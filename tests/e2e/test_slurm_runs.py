@@ -3,11 +3,15 @@ step stand in for two nodes (c10d rendezvous between them), as the project's Slu
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
+from playwright.sync_api import Page, expect
 
 from app.launcher import processes
 from tests.e2e.runs import FINAL, create, loss_steps, output, wait_status
@@ -104,3 +108,85 @@ def test_a_job_slurm_refuses_ends_failed_in_slurms_own_words(slurm_server: LiveS
         done = wait_status(api, run["id"], FINAL, timeout=60)
     assert done["status"] == "failed" and done["job_id"] is None
     assert done["status_reason"].startswith("Slurm refused the job: sbatch: error:"), done["status_reason"]
+
+
+def test_the_time_limit_warning_requeues_the_same_run_which_ends_as_if_never_interrupted(
+    slurm_server: LiveServer, slurm: dict
+) -> None:
+    options = {"epochs": 1, "batch_size": 128, "checkpoint_every": 1, "seed": 5}
+    plain = slurm_run(slurm_server, **options)
+    warned = slurm_run(slurm_server, **options, slurm_requeue=True, slurm_max_requeues=1)
+    with slurm_server.api() as api:
+        wait_for(lambda: api.get(f"/api/runs/{warned['id']}").json()["step"] > 5, 240, what="the second run to train")
+        job = api.get(f"/api/runs/{warned['id']}").json()["job_id"]
+        # What Slurm does near the time limit with --signal=B:USR2@<s>: USR2 to the batch shell only.
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job], env=slurm, check=True, timeout=30)
+        done = wait_status(api, warned["id"], FINAL, timeout=300)
+        assert done["status"] == "succeeded", (done["status_reason"], output(slurm_server, warned["id"]))
+        assert done["attempt"] == 2 and done["job_id"] == job
+        assert any(e["reason"].startswith("attempt 2: Slurm's time limit was near") for e in done["events"])
+        steps = loss_steps(api, warned["id"])
+        assert [s for s, _ in steps] == list(range(1, done["total_steps"] + 1))  # every step once, across attempts
+        reference = wait_status(api, plain["id"], FINAL, timeout=300)
+        assert reference["status"] == "succeeded", reference["status_reason"]
+        last = [api.get(f"/api/runs/{r['id']}/checkpoints").json()[-1] for r in (plain, warned)]
+    weights = [torch.load(slurm_server.root / "shared" / c["path"], weights_only=True)["model"] for c in last]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])  # bitwise
+
+
+def test_a_restarted_server_finds_its_slurm_runs_again(slurm_server: LiveServer, slurm: dict) -> None:
+    running, queued, cancelled = (slurm_run(slurm_server, epochs=1000) for _ in range(3))
+    with slurm_server.api() as api:
+        wait_for(lambda: api.get(f"/api/runs/{running['id']}").json()["step"] > 5, 240, what="the first run to train")
+        jobs = {r["id"]: api.get(f"/api/runs/{r['id']}").json()["job_id"] for r in (queued, cancelled)}
+    slurm_server.stop(signal.SIGKILL)
+    subprocess.run(["scancel", jobs[cancelled["id"]]], env=slurm, check=True, timeout=30)  # while nobody watches
+    time.sleep(3)  # the first run trains on, its points spooled while the server is away
+    slurm_server.start()
+    with slurm_server.api() as api:
+        gone = wait_status(api, cancelled["id"], FINAL, timeout=60)
+        assert gone["status"] == "stopped" and "cancelled outside Rankboard" in gone["status_reason"]
+        waiting = wait_for(lambda: (r := api.get(f"/api/runs/{queued['id']}").json())["job_state"] and r, 60,
+                           what="the queued run's job state")  # fmt: skip
+        assert waiting["status"] == "starting" and waiting["job_state"] == "PENDING", waiting
+        assert waiting["job_reason"] == "Resources"  # the one node is busy with the first run
+        before = api.get(f"/api/runs/{running['id']}").json()["step"]
+        wait_for(lambda: api.get(f"/api/runs/{running['id']}").json()["step"] > before, 60, what="progress again")
+        for run in (running, queued):
+            api.post(f"/api/runs/{run['id']}/stop")
+        ends = [wait_status(api, run["id"], FINAL, timeout=120) for run in (running, queued)]
+        steps = [s for s, _ in loss_steps(api, running["id"])]
+    assert [e["status"] for e in ends] == ["stopped", "stopped"], [e["status_reason"] for e in ends]
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > before  # nothing lost while it was away
+    wait_for(lambda: run_processes(slurm_server.root) == [] or None, 30, what="the jobs' processes to end")
+
+
+@pytest.mark.browser
+def test_from_the_form_a_slurm_run_waits_with_its_reason_runs_and_stops(
+    slurm_server: LiveServer, slurm: dict, page: Page, tmp_path: Path
+) -> None:
+    tmp_path.chmod(0o755)
+    blocker = tmp_path / "blocker.sh"  # holds the one node, so that the run must wait for Resources
+    blocker.write_text("#!/bin/bash\n#SBATCH --ntasks=2 --cpus-per-task=1\nsleep 600\n")
+    held = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/blocker.out", str(blocker)], env=slurm,
+                          capture_output=True, text=True, check=True, timeout=30).stdout.strip()  # fmt: skip
+    try:
+        page.goto(f"{slurm_server.url}/runs/new")
+        page.get_by_label("Name").fill("slurm from the browser")
+        page.get_by_label("Processes per node").fill("1")
+        page.get_by_label("Epochs").fill("1000")
+        page.get_by_label("Run on").select_option("slurm")
+        page.get_by_label("Time limit").fill("10:00")
+        page.get_by_role("button", name="Start run").click()
+        expect(page.get_by_role("heading", name="slurm from the browser")).to_be_visible()
+        expect(page.locator("#slurm-job")).to_contain_text("PENDING (Resources)", timeout=60_000)
+    finally:
+        subprocess.run(["scancel", held], env=slurm, timeout=30)
+    expect(page.locator("#slurm-job")).to_contain_text("RUNNING on", timeout=60_000)
+    expect(page.locator("#status")).to_have_text("running", timeout=120_000)
+    page.get_by_text("Configuration and command").click()
+    expect(page.locator("#job-script")).to_contain_text("#SBATCH --time=10:00")
+    page.get_by_role("button", name="Stop").click()
+    expect(page.locator("#status")).to_have_text("stopped", timeout=120_000)
+    wait_for(lambda: run_processes(slurm_server.root) == [] or None, 30, what="the job's processes to end")
