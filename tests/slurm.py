@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from app.launcher import processes
+
 MUNGE_DIRS = (Path("/run/munge"), Path("/var/log/munge"), Path("/var/lib/munge"))
 MUNGE_PID = Path("/run/munge/munged.pid")
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol")
@@ -145,6 +147,8 @@ def _shutdown(root: Path, env: dict[str, str]) -> None:
         if pid is not None and _alive(pid):
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    # A slurmstepd can outlive its slurmd (seen after a requeue): whatever still runs with this cluster's config goes.
+    processes.kill_all(processes.pids_with_env("SLURM_CONF", env["SLURM_CONF"]))
 
 
 def _pid(path: Path) -> int | None:
