@@ -190,3 +190,13 @@ def test_from_the_form_a_slurm_run_waits_with_its_reason_runs_and_stops(
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("#status")).to_have_text("stopped", timeout=120_000)
     wait_for(lambda: run_processes(slurm_server.root) == [] or None, 30, what="the job's processes to end")
+
+
+def test_your_own_script_runs_through_slurm_as_it_does_here(slurm_server: LiveServer) -> None:
+    run = slurm_run(slurm_server, script="scripts/ddp_train.py", script_args=["--epochs", "1", "--batch-size", "32"])
+    with slurm_server.api() as api:
+        done = wait_status(api, run["id"], FINAL, timeout=240)
+        assert done["status"] == "succeeded", (done["status_reason"], output(slurm_server, run["id"]))
+        steps = loss_steps(api, run["id"])
+    assert [step for step, _ in steps] == list(range(1, 129))  # 8,192 samples / 2 agents / 32: every step once
+    assert (slurm_server.root / "shared" / "checkpoints" / f"run-{run['id']}" / "snapshot.pt").exists()
