@@ -84,6 +84,8 @@ class Trainer:
             self._save_snapshot()
             if self.rank == 0:
                 print(f"[rank 0] epoch {self.epoch}/{self.args.epochs} done at step {self.step}", flush=True)
+        if self.rank == 0:
+            report.finished()  # Rankboard: training completed, whatever torchrun's exit code says afterwards
         report.close()  # Rankboard (3 of 3): send what is queued before the process ends
 
 

@@ -4,6 +4,7 @@
     report.log({"loss": loss.item()}, step=step)
     report.progress(wire.Progress(epoch=1, epochs=10, step=step, total_steps=5120))
     report.heartbeat(step)  # on every rank: "alive at this step", sent every couple of seconds
+    report.finished()  # once training completed: the dashboard then trusts that over torchrun's exit code
     report.close()  # also runs at exit
 
 The reporter is made from the launcher's environment on the first call; outside a dashboard run (no
@@ -465,6 +466,25 @@ def node(node: wire.Node) -> None:
 def default_reporter() -> Reporter | None:
     """This process's reporter, made from the launcher's environment; None outside a dashboard run."""
     return _default if _default_made else _reporter()
+
+
+def finished() -> None:
+    """Say that training completed; call it once, after the last step (any rank; rank 0 is enough).
+
+    The dashboard then calls the run succeeded whatever torchrun's exit code: with gloo a rank sometimes aborts at
+    exit after a finished run ("terminate called without an active exception", see the DDP checklist), and torchrun
+    then exits 1. The built-in trainer leaves the same marker. A no-op outside a dashboard run.
+    """
+    run_dir = os.environ.get(wire.ENV_RUN_DIR)
+    if not run_dir:
+        return
+    try:
+        marker = Path(run_dir) / wire.FINISHED_MARKER
+        with tempfile.NamedTemporaryFile("w", dir=run_dir, prefix=f".{marker.name}.", delete=False) as file:
+            json.dump({"finished_at": time.time()}, file)
+        os.replace(file.name, marker)  # whole or not at all
+    except OSError as error:  # training is over and fine: only the verdict may be less sure
+        _stderr(f"cannot leave the finished marker in {run_dir}: {error}")
 
 
 def close(timeout: float = 10.0) -> None:

@@ -135,3 +135,23 @@ def test_a_wrong_token_is_refused_and_the_run_keeps_nothing(server: LiveServer, 
     assert stored(server, run_id) == []
     with pytest.raises(httpx.HTTPStatusError):
         httpx.post(f"{server.url}/api/runs/{run_id}/metrics", json={"points": []}).raise_for_status()
+
+
+def test_finished_leaves_the_marker_the_dashboard_judges_a_script_by(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script's `report.finished()` is what the built-in trainer's marker is: training completed, whatever
+    torchrun's exit code says afterwards (gloo's rare abort at exit)."""
+    from app.services.runs import final_status
+    from trainer import report
+
+    monkeypatch.delenv(wire.ENV_RUN_DIR, raising=False)
+    report.finished()  # outside a run: nothing, anywhere
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setenv(wire.ENV_RUN_DIR, str(tmp_path))
+    report.finished()
+    assert [p.name for p in tmp_path.iterdir()] == [wire.FINISHED_MARKER]  # whole: no temporary file left
+    assert json.loads((tmp_path / wire.FINISHED_MARKER).read_text())["finished_at"] <= time.time()
+    finished = (tmp_path / wire.FINISHED_MARKER).exists()
+    status, _ = final_status(exit_code=1, stop_requested=False, trainer_finished=finished)
+    assert status.value == "succeeded"
