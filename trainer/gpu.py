@@ -193,8 +193,17 @@ def system_values() -> dict[str, float]:
         import psutil
     except ImportError:
         return {}
+    return {"cpu_percent": psutil.cpu_percent(interval=None), **memory_values()}
+
+
+def memory_values() -> dict[str, float]:
+    """This host's memory used and total; empty without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
     memory = psutil.virtual_memory()
-    return {"cpu_percent": psutil.cpu_percent(interval=None), "mem_used": memory.used, "mem_total": memory.total}
+    return {"mem_used": memory.used, "mem_total": memory.total}
 
 
 class RunProcesses:

@@ -74,7 +74,7 @@ class HostSampler:
             return HostNow(gpus, None, self._system())
 
     def _system(self) -> dict[str, float]:
-        values = _memory()
+        values = gpu.memory_values()
         busy = self._cpu.read()
         return values if busy is None else {**values, "cpu_percent": busy}
 
@@ -131,15 +131,6 @@ def _busy_and_total(times: Any) -> tuple[float, float]:
     fields: dict[str, float] = times._asdict()
     total = sum(fields.values()) - fields.get("guest", 0.0) - fields.get("guest_nice", 0.0)
     return total - fields["idle"] - fields.get("iowait", 0.0), total
-
-
-def _memory() -> dict[str, float]:
-    try:
-        import psutil
-    except ImportError:
-        return {}
-    memory = psutil.virtual_memory()
-    return {"mem_used": memory.used, "mem_total": memory.total}
 
 
 def _read_one(nvml: gpu.Nvml, index: int) -> GpuNow:
