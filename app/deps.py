@@ -1,4 +1,4 @@
-"""Typed dependencies for routes: the request's database session, the launcher, the settings.
+"""Typed dependencies for routes: the request's database session, the launcher, the run folders, the settings.
 
 They are `async def`, though they do no I/O, because FastAPI runs a plain `def` dependency in its thread pool: for
 a sync route that was three more hand-offs between threads per request (the session's opening and closing, the
@@ -14,6 +14,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from app.folders import RunFolders
+from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.settings import Settings
 
@@ -28,10 +30,20 @@ async def get_launcher(request: Request) -> LocalLauncher:
     return request.app.state.launcher
 
 
+async def get_launchers(request: Request) -> Launchers:
+    return request.app.state.launchers
+
+
+async def get_folders(request: Request) -> RunFolders:
+    return request.app.state.folders
+
+
 async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
 SessionDep = Annotated[Session, Depends(get_db)]
 LauncherDep = Annotated[LocalLauncher, Depends(get_launcher)]
+FoldersDep = Annotated[RunFolders, Depends(get_folders)]
+LaunchersDep = Annotated[Launchers, Depends(get_launchers)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -54,6 +54,17 @@ LABELS = {
     "init_from": "Start from checkpoint",
     "init_optimizer": "Also its optimizer state",
     "allow_low_disk": "Start even if the disk looks too small",
+    "launcher": "Run on",
+    "slurm_nodes": "Nodes",
+    "slurm_gpus_per_node": "GPUs per node",
+    "slurm_cpus_per_task": "CPUs per task",
+    "slurm_time_limit": "Time limit",
+    "slurm_partition": "Partition",
+    "slurm_account": "Account",
+    "slurm_qos": "QoS",
+    "slurm_constraint": "Constraint",
+    "slurm_requeue": "Requeue when preempted or out of time",
+    "slurm_max_requeues": "Requeues at most",
 }
 
 
@@ -64,6 +75,9 @@ GROUPS = {
                      "precision", "val_every"),
     "Checkpoints": ("checkpoint_every", "checkpoint_unit", "keep_last", "keep_best", "best_metric", "init_from",
                     "init_optimizer", "allow_low_disk"),
+    "Where to run": ("launcher", "slurm_nodes", "slurm_gpus_per_node", "slurm_cpus_per_task", "slurm_time_limit",
+                     "slurm_partition", "slurm_account", "slurm_qos", "slurm_constraint", "slurm_requeue",
+                     "slurm_max_requeues"),
     "DDP and recovery": (),
 }  # fmt: skip
 

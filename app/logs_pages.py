@@ -12,8 +12,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, StreamingResponse
 
 from app.api import logs as logs_api
-from app.deps import LauncherDep, SessionDep
-from app.launcher.local import LocalLauncher
+from app.deps import FoldersDep, SessionDep
+from app.folders import RunFolders
 from app.models import Run, RunStatus
 from app.params import LogFilter, LogRankQuery, LogStreamQuery, RunId
 from app.services import logs, runs
@@ -27,15 +27,15 @@ TAIL_LINES = 200
 
 
 @pages.get("/runs/{run_id}/logs", response_class=HTMLResponse)
-def logs_panel(request: Request, run_id: RunId, db: SessionDep, launcher: LauncherDep) -> HTMLResponse:
+def logs_panel(request: Request, run_id: RunId, db: SessionDep, folders: FoldersDep) -> HTMLResponse:
     """The panel: rank and stream choices, the filter, and what went wrong; its script starts the live tail."""
-    context = panel_context(runs.get_run(db, run_id=run_id), launcher=launcher)
+    context = panel_context(runs.get_run(db, run_id=run_id), folders=folders)
     return HTMLResponse(render_block(request.app.state.templates, "_logs.html", "panel", context))
 
 
-def panel_context(run: Run, *, launcher: LocalLauncher) -> dict[str, Any]:
-    files = logs.log_files(run, launcher=launcher)
-    found = logs.diagnoses(run, launcher=launcher)
+def panel_context(run: Run, *, folders: RunFolders) -> dict[str, Any]:
+    files = logs.log_files(run, folders=folders)
+    found = logs.diagnoses(run, folders=folders)
     ranks = sorted({f.rank for f in files if f.rank is not None} | set(range(run.nproc_per_node)))
     first = next((d for d in found if d.rank is not None), None)  # open the log of the rank that failed first
     return {
@@ -66,15 +66,15 @@ def log_stream(
 async def _log_events(request: Request, run_id: int, follower: logs.LogFollower) -> AsyncIterator[str]:
     """Events: `reset` (lines that replace those shown), `lines` (to append), `explain` (the what-went-wrong box,
     once the run is over), `end`."""
-    launcher = request.app.state.launcher
+    folders = request.app.state.folders
 
     def poll() -> tuple[logs.LogUpdate, str | None]:
         with request.app.state.sessions() as session:
             run = runs.get_run(session, run_id=run_id)
-            update = logs.follow(follower, run, launcher=launcher)
+            update = logs.follow(follower, run, folders=folders)
             if not update.done:
                 return update, None
-            context = panel_context(run, launcher=launcher)
+            context = panel_context(run, folders=folders)
             return update, render_block(request.app.state.templates, "_logs.html", "explain", context)
 
     while not await request.is_disconnected():

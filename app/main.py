@@ -21,7 +21,10 @@ from app.api import host as host_api
 from app.api import runs as runs_api
 from app.db import make_engine, make_sessionmaker, prepare_schema
 from app.errors import FieldInvalid, FormInvalid, RankboardError
+from app.folders import RunFolders
+from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
+from app.launcher.slurm import SlurmLauncher, slurm_available
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
 from app.settings import Settings
@@ -41,8 +44,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.sqlalchemy_url)
     prepare_schema(engine, settings.sqlalchemy_url)
     sessions = make_sessionmaker(engine)
-    launcher = LocalLauncher(settings)
-    supervisor = Supervisor(sessions, launcher, interval=settings.supervise_interval_s, grace=settings.stop_grace_s)
+    folders = RunFolders(settings.shared)
+    launcher = LocalLauncher(settings, folders)
+    offer_slurm = settings.launcher == "slurm" or (settings.launcher == "auto" and slurm_available())
+    launchers = Launchers(launcher, SlurmLauncher(settings, folders) if offer_slurm else None)
+    supervisor = Supervisor(
+        sessions, launchers, folders, interval=settings.supervise_interval_s, grace=settings.stop_grace_s,
+        stall_after=settings.stall_after_s,
+    )  # fmt: skip
     host_sampler = HostSampler()  # NVML opened on the first look at the Host page, once for the app
 
     @asynccontextmanager
@@ -62,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.settings, app.state.sessions, app.state.launcher = settings, sessions, launcher
+    app.state.folders, app.state.launchers = folders, launchers
     app.state.supervisor, app.state.templates = supervisor, make_templates()
     app.state.host_sampler = host_sampler
     app.state.run_fragments = SharedFragments()

@@ -122,6 +122,18 @@ class Run(Base):
     # A run of the user's own script: a path relative to an allowed root, and its arguments; workload is "script".
     script: Mapped[str | None] = mapped_column(String(1000))
     script_args: Mapped[list[str] | None] = mapped_column(JSON)
+    # Where it runs: "local" (this host) or "slurm" (a batch job, with these options; None: the server's default).
+    launcher: Mapped[str] = mapped_column(String(16), default="local")
+    slurm_nodes: Mapped[int] = mapped_column(Integer, default=1)
+    slurm_gpus_per_node: Mapped[int] = mapped_column(Integer, default=0)
+    slurm_cpus_per_task: Mapped[int] = mapped_column(Integer, default=1)
+    slurm_time_limit: Mapped[str | None] = mapped_column(String(32))
+    slurm_partition: Mapped[str | None] = mapped_column(String(64))
+    slurm_account: Mapped[str | None] = mapped_column(String(64))
+    slurm_qos: Mapped[str | None] = mapped_column(String(64))
+    slurm_constraint: Mapped[str | None] = mapped_column(String(200))
+    slurm_requeue: Mapped[bool] = mapped_column(default=False)
+    slurm_max_requeues: Mapped[int] = mapped_column(Integer, default=1)
 
     # The trainer proves who it is with a token made for each launch; only its hash is kept.
     token_hash: Mapped[str | None] = mapped_column(String(64))
@@ -134,6 +146,12 @@ class Run(Base):
     devices: Mapped[list[int] | None] = mapped_column(JSON)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     stop_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # A Slurm run's job, as the latest squeue described it: state, why it waits, the nodes it holds.
+    job_id: Mapped[str | None] = mapped_column(String(32))
+    job_state: Mapped[str | None] = mapped_column(String(32))
+    job_reason: Mapped[str | None] = mapped_column(String(200))
+    node_list: Mapped[str | None] = mapped_column(Text)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # 1 once launched; a Slurm requeue makes it 2, 3...
 
     # The trainer's last report of where it stands; `heartbeat_at` is when it came.
     epoch: Mapped[int] = mapped_column(Integer, default=0)

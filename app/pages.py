@@ -10,14 +10,16 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from app.deps import LauncherDep, SessionDep
+from app.deps import FoldersDep, LauncherDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, FormInvalid, RankboardError
+from app.folders import RunFolders
 from app.forms import as_form_text, parse_run_form, run_form_groups
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus
 from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
 from app.schemas import RunCreate
 from app.services import checkpoints, files, health, host, metrics, run_charts, runs, storage
+from app.settings import Settings
 from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
 
@@ -100,34 +102,43 @@ def new_run_form(
 
 
 @router.post("/runs")
-def create_run(db: SessionDep, launcher: LauncherDep, values: FormValues) -> Response:
-    run = runs.create_run(db, spec=parse_run_form(values), launcher=launcher)
+def create_run(
+    db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep, values: FormValues
+) -> Response:
+    spec = parse_run_form(values)
+    run = runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers)
     return RedirectResponse(f"/runs/{run.id}", status_code=303)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run_page(request: Request, run_id: RunId, db: SessionDep, launcher: LauncherDep) -> Response:
+def run_page(request: Request, run_id: RunId, db: SessionDep, folders: FoldersDep, settings: SettingsDep) -> Response:
     """The run page; its `charts` fragment alone for the page's script when a new metric key arrives."""
     run = runs.get_run(db, run_id=run_id)
     charts = run_charts.run_charts(db, run=run)
     if request.headers.get("HX-Target") == "charts":
         return HTMLResponse(render_block(templates_of(request), "run.html", "charts", {"run": run, "charts": charts}))
-    return page(request, "run.html", {**run_context(run, launcher=launcher), "charts": charts})
+    return page(request, "run.html", {**run_context(run, folders, settings), "charts": charts})
 
 
 @router.post("/runs/{run_id}/stop")
 def stop_run(
-    request: Request, run_id: RunId, db: SessionDep, launcher: LauncherDep, hx: HtmxRequest = None
+    request: Request,
+    run_id: RunId,
+    db: SessionDep,
+    launchers: LaunchersDep,
+    folders: FoldersDep,
+    hx: HtmxRequest = None,
 ) -> Response:
-    run = runs.stop_run(db, run_id=run_id, launcher=launcher)
+    run = runs.stop_run(db, run_id=run_id, launchers=launchers)
     if hx:
-        return HTMLResponse(render_block(templates_of(request), "run.html", "status", run_context(run, launcher)))
+        context = run_context(run, folders, request.app.state.settings)
+        return HTMLResponse(render_block(templates_of(request), "run.html", "status", context))
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
 @router.post("/runs/{run_id}/resume")
-def resume_run(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> Response:
-    runs.resume_run(db, run_id=run_id, launcher=launcher)
+def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep) -> Response:
+    runs.resume_run(db, run_id=run_id, folders=folders)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
@@ -136,12 +147,13 @@ def delete_checkpoints(
     request: Request,
     run_id: RunId,
     db: SessionDep,
-    launcher: LauncherDep,
+    folders: FoldersDep,
+    settings: SettingsDep,
     name: CheckpointNames = None,
 ) -> Response:
     run = runs.get_run(db, run_id=run_id)
-    checkpoints.delete_checkpoints(run, names=name, dry_run=False, launcher=launcher)
-    return HTMLResponse(render_block(templates_of(request), "run.html", "files", run_context(run, launcher)))
+    checkpoints.delete_checkpoints(run, names=name, dry_run=False, folders=folders)
+    return HTMLResponse(render_block(templates_of(request), "run.html", "files", run_context(run, folders, settings)))
 
 
 @router.get("/host", response_class=HTMLResponse)
@@ -208,7 +220,7 @@ def run_fragments(request: Request, run_id: int) -> Fragments:
     templates = templates_of(request)
     with request.app.state.sessions() as session:  # rendering reads the run's events: keep the session open
         run = runs.get_run(session, run_id=run_id)
-        context = run_context(run, launcher=request.app.state.launcher)
+        context = run_context(run, request.app.state.folders, request.app.state.settings)
         return Fragments(
             render_block(templates, "run.html", "status", context),
             render_block(templates, "run.html", "files", context),
@@ -217,10 +229,10 @@ def run_fragments(request: Request, run_id: int) -> Fragments:
         )
 
 
-def run_context(run: Run, launcher: LocalLauncher) -> dict[str, Any]:
+def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, Any]:
     """What the run page and its fragments show."""
     elapsed = runs.elapsed(run)
-    progress = health.assess_now(run, stall_after_s=launcher.settings.stall_after_s)
+    progress = health.assess_now(run, stall_after_s=settings.stall_after_s)
     moving = run.status == RunStatus.running and progress.state == "ok"
     eta = None  # only while it trains and moves: a stalled, stopping or waiting run will not end at its pace so far
     if elapsed is not None and 0 < run.step < run.total_steps and moving:
@@ -230,10 +242,11 @@ def run_context(run: Run, launcher: LocalLauncher) -> dict[str, Any]:
     return {
         "run": run, "elapsed": elapsed, "eta": eta, "health": progress, "reason": "" if told else run.status_reason,
         "percent": 100 * run.step / run.total_steps if run.total_steps else 0,
-        "outputs": [o for o in files.rank_outputs(run, launcher=launcher) if o.lines],
-        "checkpoints": checkpoints.list_checkpoints(run, launcher=launcher, best_metric=run.best_metric),
-        "removals": checkpoints.removals(run, launcher=launcher),
-        "checkpoint_dir": launcher.checkpoint_dir(run), "grace": timedelta(seconds=launcher.settings.stop_grace_s),
+        "outputs": [o for o in files.rank_outputs(run, folders=folders) if o.lines],
+        "job_script": files.job_script(run, folders=folders),
+        "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
+        "removals": checkpoints.removals(run, folders=folders),
+        "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
     }  # fmt: skip
 
 

@@ -69,6 +69,23 @@ def _script_argument(value: str) -> str:
 
 # What keep-best ranks checkpoints by (wire.CHECKPOINT_METRICS; a test keeps the two the same).
 BestMetric = Literal["loss", "epoch_loss"]
+LauncherName = Literal["local", "slurm"]
+
+# What Slurm's --time takes: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]].
+SLURM_TIME = r"^(\d{1,7}|\d{1,7}:\d{1,2}|\d{1,4}:\d{1,2}:\d{1,2}|\d{1,4}-\d{1,2}(:\d{1,2}){0,2})$"
+SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # partitions, accounts, QoS: what sites name them, and nothing a shell reads
+SLURM_CONSTRAINT = r"^[A-Za-z0-9_.&|,*\[\]()!:-]{1,200}$"  # features joined with & | , [ ] * as sbatch takes them
+
+
+def _blank_is_none(value: object) -> object:
+    return value or None
+
+
+SlurmTime = Annotated[Annotated[str, StringConstraints(pattern=SLURM_TIME)] | None, BeforeValidator(_blank_is_none)]
+SlurmName = Annotated[Annotated[str, StringConstraints(pattern=SLURM_NAME)] | None, BeforeValidator(_blank_is_none)]
+SlurmConstraint = Annotated[
+    Annotated[str, StringConstraints(pattern=SLURM_CONSTRAINT)] | None, BeforeValidator(_blank_is_none)
+]
 
 
 class RunCreate(BaseModel):
@@ -144,6 +161,23 @@ class RunCreate(BaseModel):
     allow_low_disk: bool = Field(
         default=False, description="Start even if its checkpoints are projected not to fit on the shared disk."
     )
+    launcher: LauncherName = Field(
+        default="local", description="Where to run: on this host, or as a Slurm batch job with the options below."
+    )
+    slurm_nodes: int = Field(default=1, ge=1, le=4096, description="Slurm: nodes; each runs one torchrun agent.")
+    slurm_gpus_per_node: int = Field(default=0, ge=0, le=64, description="Slurm: GPUs on each node (--gpus-per-node).")
+    slurm_cpus_per_task: int = Field(default=1, ge=1, le=1024, description="Slurm: CPU cores for each node's agent.")
+    slurm_time_limit: SlurmTime = Field(
+        default=None, description="Slurm: time limit, e.g. 90, 4:00:00 or 2-00:00:00; empty: the server's default."
+    )
+    slurm_partition: SlurmName = Field(
+        default=None, description="Slurm: partition; empty: the server's default, else the cluster's."
+    )
+    slurm_account: SlurmName = Field(default=None, description="Slurm: account to charge; empty: the server's default.")
+    slurm_qos: SlurmName = Field(default=None, description="Slurm: quality of service.")
+    slurm_constraint: SlurmConstraint = Field(default=None, description="Slurm: node features required, e.g. a100&ib.")
+    slurm_requeue: bool = Field(default=False, description="Slurm: requeue when preempted or out of time.")
+    slurm_max_requeues: int = Field(default=1, ge=0, le=100, description="Slurm: requeues allowed at most.")
 
 
 class RunEventOut(BaseModel):
@@ -206,6 +240,22 @@ class RunOut(BaseModel):
     heartbeat_at: datetime | None
     final_loss: MetricValue | None
     gpus: list[NodeIn] | None = Field(default=None, description="Each node's GPUs, as its trainer reported them.")
+    launcher: str
+    slurm_nodes: int
+    slurm_gpus_per_node: int
+    slurm_cpus_per_task: int
+    slurm_time_limit: str | None
+    slurm_partition: str | None
+    slurm_account: str | None
+    slurm_qos: str | None
+    slurm_constraint: str | None
+    slurm_requeue: bool
+    slurm_max_requeues: int
+    job_id: str | None = Field(description="A Slurm run's job id.")
+    job_state: str | None = Field(description="Slurm's state of the job when last looked at (PENDING, RUNNING...).")
+    job_reason: str | None = Field(description="Why Slurm keeps the job waiting (Resources, Priority, BeginTime).")
+    node_list: str | None = Field(description="The nodes Slurm gave the job.")
+    attempt: int = Field(description="1 once launched; each requeue after Slurm's time-limit warning adds one.")
 
 
 class RunDetail(RunOut):

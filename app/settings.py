@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,6 +38,20 @@ class Settings(BaseSettings):
     slots: int | None = Field(
         default=None, ge=1, description="Processes the local launcher may run at once; default: GPUs, else CPU cores."
     )
+    launcher: Literal["auto", "local", "slurm"] = Field(
+        default="auto", description="Offer Slurm to runs: auto (when sbatch is found), local (never), slurm (always)."
+    )
+    slurm_partition: str | None = Field(default=None, description="The partition of Slurm runs that name none.")
+    slurm_account: str | None = Field(default=None, description="The account of Slurm runs that name none.")
+    slurm_time_limit: str = Field(default="01:00:00", description="The time limit of Slurm runs that give none.")
+    slurm_agents_per_node: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="torchrun agents per Slurm node: 1 on a cluster; more lets one host stand "
+        "in for several nodes (tests).",
+    )
+    slurm_poll_s: float = Field(default=2.0, gt=0, description="How often squeue is asked about live Slurm runs.")
     _shared_fallback: bool = PrivateAttr(default=False)
 
     @field_validator("data_dir", "shared_dir", "scripts_dir")

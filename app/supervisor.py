@@ -12,18 +12,30 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.launcher.local import LocalLauncher
+from app.folders import RunFolders
+from app.launcher.launchers import Launchers
 from app.services import runs
 
 log = logging.getLogger(__name__)
 
 
 class Supervisor:
-    def __init__(self, sessions: sessionmaker[Session], launcher: LocalLauncher, *, interval: float, grace: float):
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        launchers: Launchers,
+        folders: RunFolders,
+        *,
+        interval: float,
+        grace: float,
+        stall_after: float,
+    ):
         self.sessions = sessions
-        self.launcher = launcher
+        self.launchers = launchers
+        self.folders = folders
         self.interval = interval
         self.grace = timedelta(seconds=grace)
+        self.stall_after = timedelta(seconds=stall_after)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankboard-supervisor", daemon=True)
 
@@ -36,7 +48,9 @@ class Supervisor:
 
     def tick(self) -> None:
         with self.sessions() as db:
-            runs.supervise(db, launcher=self.launcher, grace=self.grace)
+            runs.supervise(
+                db, launchers=self.launchers, folders=self.folders, grace=self.grace, stall_after=self.stall_after
+            )
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -1,9 +1,10 @@
 """Train a workload with DistributedDataParallel, one process per device, as started by torchrun.
 
 Top to bottom: `main` joins the process group, `Trainer` runs the epochs, and everything that leaves the process
-(checkpoints, metrics, the finished marker) happens on rank 0 alone, behind `cluster.is_main`. A SIGTERM or SIGINT
-stops the run cleanly: all ranks finish the same step, rank 0 writes a checkpoint, and every process exits 0. A
-checkpoint that cannot be written, or an `init_from` that cannot be loaded, fails the run: every rank exits 1.
+(checkpoints, metrics, the finished marker) happens on rank 0 alone, behind `cluster.is_main`. A SIGTERM, SIGINT or
+SIGUSR2 (Slurm's "time limit near", from `#SBATCH --signal=B:USR2@<s>`) stops the run cleanly: all ranks finish the
+same step, rank 0 writes a checkpoint, and every process exits 0. A checkpoint that cannot be written, or an
+`init_from` that cannot be loaded, fails the run: every rank exits 1.
 """
 
 from __future__ import annotations
@@ -64,16 +65,19 @@ class Cluster:
 
 
 class StopSignal:
-    """Remembers that SIGTERM or SIGINT arrived; the training loop acts on it between steps."""
+    """Remembers that SIGTERM, SIGINT or SIGUSR2 arrived; the training loop acts on it between steps."""
 
     def __init__(self) -> None:
         self.requested = False
 
     @classmethod
     def install(cls) -> StopSignal:
-        """Route SIGTERM and SIGINT to a new flag; call from the main thread."""
+        """Route SIGTERM, SIGINT and SIGUSR2 to a new flag; call from the main thread.
+
+        SIGUSR2 is Slurm's warning that the time limit is near (NCCL catches SIGUSR1, so not that one): the run
+        checkpoints and exits exactly as on a stop, and may be requeued to go on from that checkpoint."""
         stop = cls()
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
             signal.signal(signum, stop._handle)
         return stop
 

@@ -25,7 +25,7 @@ def health(settings: SettingsDep, launcher: LauncherDep) -> Health:
         status="ok",
         shared_dir=str(settings.shared),
         shared_dir_is_fallback=settings.shared_dir_is_fallback,
-        launcher="local",
+        launcher=launcher.name,
         process_slots=launcher.capacity,
         gpus=launcher.gpu_count,
     )

@@ -7,7 +7,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from app.api import documented
-from app.deps import LauncherDep, SessionDep
+from app.deps import FoldersDep, SessionDep
 from app.diagnose import Diagnosis
 from app.errors import PathNotFound, RunNotFound
 from app.params import LogFilter, LogLines, LogRank, LogStream, RunId
@@ -55,8 +55,8 @@ class DiagnosisOut(BaseModel):
 
 @router.get("/{run_id}/logs", response_model=list[LogFileOut], responses=documented(RunNotFound),
             summary="A run's log files: each rank's and torchrun's")  # fmt: skip
-def list_logs(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> list[LogFileOut]:
-    files = logs.log_files(runs.get_run(db, run_id=run_id), launcher=launcher)
+def list_logs(run_id: RunId, db: SessionDep, folders: FoldersDep) -> list[LogFileOut]:
+    files = logs.log_files(runs.get_run(db, run_id=run_id), folders=folders)
     return [
         LogFileOut(rank=f.rank, stream=f.stream, size=f.size, attempt=f.attempt, url=_url(run_id, f)) for f in files
     ]
@@ -73,12 +73,12 @@ def tail_log(
     rank: LogRank,
     stream: LogStream,
     db: SessionDep,
-    launcher: LauncherDep,
+    folders: FoldersDep,
     lines: LogLines = 200,
     filter: LogFilter = "",
 ) -> TailOut:
     run = runs.get_run(db, run_id=run_id)
-    found = logs.tail_log(run, launcher=launcher, rank=rank, stream=stream, lines=lines, filter=filter)
+    found = logs.tail_log(run, folders=folders, rank=rank, stream=stream, lines=lines, filter=filter)
     return TailOut(rank=logs.parse_rank(rank), stream=stream, size=found.size, lines=found.lines,
                    scanned=found.scanned, budget_hit=found.budget_hit)  # fmt: skip
 
@@ -87,9 +87,9 @@ def tail_log(
             responses={**documented(RunNotFound, PathNotFound), 200: A_LOG},
             summary="A whole log file, as an attachment")  # fmt: skip
 def download_log(
-    run_id: RunId, rank: LogRank, stream: LogStream, db: SessionDep, launcher: LauncherDep
+    run_id: RunId, rank: LogRank, stream: LogStream, db: SessionDep, folders: FoldersDep
 ) -> StreamingResponse:
-    file = logs.log_file(runs.get_run(db, run_id=run_id), launcher=launcher, rank=rank, stream=stream)
+    file = logs.log_file(runs.get_run(db, run_id=run_id), folders=folders, rank=rank, stream=stream)
     headers = {
         "Content-Disposition": f'attachment; filename="run-{run_id}-{file.rank_name}-{stream}.log"',
         "Content-Length": str(file.size),
@@ -99,5 +99,5 @@ def download_log(
 
 @router.get("/{run_id}/diagnoses", response_model=list[DiagnosisOut], responses=documented(RunNotFound),
             summary="What went wrong, read from the logs")  # fmt: skip
-def diagnoses(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> list[Diagnosis]:
-    return logs.diagnoses(runs.get_run(db, run_id=run_id), launcher=launcher)
+def diagnoses(run_id: RunId, db: SessionDep, folders: FoldersDep) -> list[Diagnosis]:
+    return logs.diagnoses(runs.get_run(db, run_id=run_id), folders=folders)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api import UNREADABLE_BODY, documented
-from app.deps import LauncherDep, SessionDep, SettingsDep
+from app.deps import FoldersDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound
 from app.models import Run, RunStatus
 from app.params import (
@@ -51,8 +51,10 @@ async def trainer_token(credentials: Annotated[HTTPAuthorizationCredentials | No
 
 @router.post("", status_code=201, response_model=RunDetail, responses={**documented(FieldInvalid), **UNREADABLE_BODY},
              summary="Create a run; it starts when it fits")  # fmt: skip
-def create_run(spec: RunCreate, db: SessionDep, launcher: LauncherDep) -> Run:
-    return runs.create_run(db, spec=spec, launcher=launcher)
+def create_run(
+    spec: RunCreate, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep
+) -> Run:
+    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers)
 
 
 @router.get("", response_model=RunPage, summary="List runs, newest first")
@@ -82,15 +84,15 @@ def run_health(run_id: RunId, db: SessionDep, settings: SettingsDep) -> health.H
 
 @router.post("/{run_id}/stop", status_code=202, response_model=RunDetail,
              responses=documented(RunNotFound, RunNotActive), summary="Stop a run gracefully")  # fmt: skip
-def stop_run(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> Run:
-    return runs.stop_run(db, run_id=run_id, launcher=launcher)
+def stop_run(run_id: RunId, db: SessionDep, launchers: LaunchersDep) -> Run:
+    return runs.stop_run(db, run_id=run_id, launchers=launchers)
 
 
 @router.post("/{run_id}/resume", status_code=202, response_model=RunDetail,
              responses=documented(RunNotFound, RunNotActive),
              summary="Resume a stopped, failed or lost run from its newest snapshot, as the same run")  # fmt: skip
-def resume_run(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> Run:
-    return runs.resume_run(db, run_id=run_id, launcher=launcher)
+def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep) -> Run:
+    return runs.resume_run(db, run_id=run_id, folders=folders)
 
 
 @router.get("/{run_id}/metrics", responses=documented(RunNotFound), summary="The metric keys a run has reported")
@@ -126,26 +128,26 @@ def read_series(
 @router.get("/{run_id}/checkpoints", response_model=list[CheckpointOut], responses=documented(RunNotFound),
             summary="A run's checkpoints")  # fmt: skip
 def list_checkpoints(
-    run_id: RunId, db: SessionDep, launcher: LauncherDep, best_metric: BestMetric = "loss"
+    run_id: RunId, db: SessionDep, folders: FoldersDep, best_metric: BestMetric = "loss"
 ) -> list[CheckpointOut]:
     run = runs.get_run(db, run_id=run_id)
-    return checkpoints.list_checkpoints(run, launcher=launcher, best_metric=best_metric)
+    return checkpoints.list_checkpoints(run, folders=folders, best_metric=best_metric)
 
 
 @router.get("/{run_id}/checkpoints/removed", response_model=list[CheckpointRemoval],
             responses=documented(RunNotFound), summary="Checkpoints the run's retention policy deleted")  # fmt: skip
-def removed_checkpoints(run_id: RunId, db: SessionDep, launcher: LauncherDep) -> list[CheckpointRemoval]:
-    return checkpoints.removals(runs.get_run(db, run_id=run_id), launcher=launcher)
+def removed_checkpoints(run_id: RunId, db: SessionDep, folders: FoldersDep) -> list[CheckpointRemoval]:
+    return checkpoints.removals(runs.get_run(db, run_id=run_id), folders=folders)
 
 
 # After /removed: otherwise {name} would take "removed".
 @router.get("/{run_id}/checkpoints/{name}", response_model=CheckpointOut,
             responses=documented(RunNotFound, PathNotFound), summary="One checkpoint's metadata")  # fmt: skip
 def get_checkpoint(
-    run_id: RunId, name: CheckpointName, db: SessionDep, launcher: LauncherDep, best_metric: BestMetric = "loss"
+    run_id: RunId, name: CheckpointName, db: SessionDep, folders: FoldersDep, best_metric: BestMetric = "loss"
 ) -> CheckpointOut:
     run = runs.get_run(db, run_id=run_id)
-    return checkpoints.get_checkpoint(run, name=name, launcher=launcher, best_metric=best_metric)
+    return checkpoints.get_checkpoint(run, name=name, folders=folders, best_metric=best_metric)
 
 
 @router.delete("/{run_id}/checkpoints", response_model=Deletion,
@@ -154,17 +156,15 @@ def get_checkpoint(
 def delete_checkpoints(
     run_id: RunId,
     db: SessionDep,
-    launcher: LauncherDep,
+    folders: FoldersDep,
     name: CheckpointNames = None,
     dry_run: bool = False,
 ) -> Deletion:
     run = runs.get_run(db, run_id=run_id)
-    return checkpoints.delete_checkpoints(run, names=name, dry_run=dry_run, launcher=launcher)
+    return checkpoints.delete_checkpoints(run, names=name, dry_run=dry_run, folders=folders)
 
 
 @router.get("/{run_id}/output", responses=documented(RunNotFound),
             summary="The last lines of each rank's stdout and stderr")  # fmt: skip
-def rank_output(
-    run_id: RunId, db: SessionDep, launcher: LauncherDep, lines: OutputLines = 50
-) -> list[files.RankOutput]:
-    return files.rank_outputs(runs.get_run(db, run_id=run_id), launcher=launcher, lines=lines)
+def rank_output(run_id: RunId, db: SessionDep, folders: FoldersDep, lines: OutputLines = 50) -> list[files.RankOutput]:
+    return files.rank_outputs(runs.get_run(db, run_id=run_id), folders=folders, lines=lines)

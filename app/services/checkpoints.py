@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.errors import FieldInvalid, NotACheckpoint, PathNotFound, PathOutsideRoot, RunNotActive
+from app.folders import RunFolders
 from app.humanize import size as size_text
-from app.launcher.local import LocalLauncher
 from app.models import Run
 from app.schemas import CheckpointOut, CheckpointRemoval, Deletion, Inspection, RunCreate
 from app.services import storage
@@ -27,15 +27,15 @@ INSPECT_TIMEOUT_S = 60.0
 INSPECT_MAX_RSS = 2 << 30  # bytes; the probe memory-maps tensors, so even a large file needs little
 
 
-def list_checkpoints(run: Run, *, launcher: LocalLauncher, best_metric: str = "loss") -> list[CheckpointOut]:
+def list_checkpoints(run: Run, *, folders: RunFolders, best_metric: str = "loss") -> list[CheckpointOut]:
     """The run's checkpoints, oldest step first, with the newest and the best by `best_metric` marked.
 
     Only the small metadata file the trainer writes beside each checkpoint is read, never the checkpoint itself.
     """
-    folder = launcher.checkpoint_dir(run)
+    folder = folders.checkpoint_dir(run)
     if not folder.is_dir():
         return []
-    prefix = storage.relative_name(launcher.settings.shared, folder)  # once: resolving per file costs a realpath
+    prefix = storage.relative_name(folders.shared, folder)  # once: resolving per file costs a realpath
     found = []
     with os.scandir(folder) as entries:
         for entry in entries:
@@ -51,9 +51,9 @@ def list_checkpoints(run: Run, *, launcher: LocalLauncher, best_metric: str = "l
     return [CheckpointOut(**c) for c in found]
 
 
-def get_checkpoint(run: Run, *, name: str, launcher: LocalLauncher, best_metric: str = "loss") -> CheckpointOut:
+def get_checkpoint(run: Run, *, name: str, folders: RunFolders, best_metric: str = "loss") -> CheckpointOut:
     """One checkpoint of the run, as listed; raises PathNotFound."""
-    found = [c for c in list_checkpoints(run, launcher=launcher, best_metric=best_metric) if c.name == name]
+    found = [c for c in list_checkpoints(run, folders=folders, best_metric=best_metric) if c.name == name]
     if not found:
         raise PathNotFound(f"run {run.id} has no checkpoint {name!r}")
     return found[0]
@@ -84,7 +84,7 @@ def checked_init_from(root: Path, init_from: str) -> str:
     return storage.relative_name(root, path)
 
 
-def projected_size(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> tuple[int, int, str] | None:
+def projected_size(db: Session, spec: RunCreate, *, folders: RunFolders) -> tuple[int, int, str] | None:
     """(bytes per checkpoint, how many the run keeps, where the size comes from), or None with nothing to go by."""
     if spec.script:
         return None  # a script writes what it wants, where it wants
@@ -93,9 +93,9 @@ def projected_size(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> 
     if kept is None:
         return None  # every N steps, with no limit: the server does not know a workload's steps per epoch
     if spec.init_from:
-        return (launcher.settings.shared / spec.init_from).stat().st_size, kept, "the checkpoint it starts from"
+        return (folders.shared / spec.init_from).stat().st_size, kept, "the checkpoint it starts from"
     for run in run_store.recent_runs(db, workload=spec.workload, limit=20):
-        size = _newest_size(launcher.checkpoint_dir(run))
+        size = _newest_size(folders.checkpoint_dir(run))
         if size is not None:
             return size, kept, f"run {run.id}'s newest checkpoint"
     return None
@@ -116,10 +116,10 @@ def _newest_size(folder: Path) -> int | None:
     return (folder / name).stat(follow_symlinks=False).st_size if name else None
 
 
-def check_disk_room(db: Session, spec: RunCreate, *, launcher: LocalLauncher) -> None:
+def check_disk_room(db: Session, spec: RunCreate, *, folders: RunFolders) -> None:
     """FieldInvalid when the run's checkpoints are projected not to fit, unless it was allowed."""
-    projection = projected_size(db, spec, launcher=launcher)
-    free = storage.disk_usage(launcher.settings.shared).free
+    projection = projected_size(db, spec, folders=folders)
+    free = storage.disk_usage(folders.shared).free
     if projection is None or spec.allow_low_disk or projection[0] * projection[1] <= free:
         return
     each, kept, source = projection
@@ -131,9 +131,9 @@ def check_disk_room(db: Session, spec: RunCreate, *, launcher: LocalLauncher) ->
     )
 
 
-def removals(run: Run, *, launcher: LocalLauncher) -> list[CheckpointRemoval]:
+def removals(run: Run, *, folders: RunFolders) -> list[CheckpointRemoval]:
     """What the retention policy deleted, from the log the trainer keeps beside the checkpoints."""
-    log = launcher.checkpoint_dir(run) / wire.RETENTION_LOG
+    log = folders.checkpoint_dir(run) / wire.RETENTION_LOG
     found = []
     for line in log.read_text().splitlines() if log.exists() else []:
         try:
@@ -143,9 +143,9 @@ def removals(run: Run, *, launcher: LocalLauncher) -> list[CheckpointRemoval]:
     return found
 
 
-def delete_checkpoints(run: Run, *, names: list[str] | None, dry_run: bool, launcher: LocalLauncher) -> Deletion:
+def delete_checkpoints(run: Run, *, names: list[str] | None, dry_run: bool, folders: RunFolders) -> Deletion:
     """Deletes the named checkpoints (all when `names` is None) with their metadata; `dry_run` only tells the cost."""
-    checkpoints = {c.name: c for c in list_checkpoints(run, launcher=launcher)}
+    checkpoints = {c.name: c for c in list_checkpoints(run, folders=folders)}
     chosen = list(checkpoints) if names is None else names
     for name in chosen:
         if name not in checkpoints:
@@ -154,7 +154,7 @@ def delete_checkpoints(run: Run, *, names: list[str] | None, dry_run: bool, laun
             raise RunNotActive(f"{name} is the newest checkpoint of run {run.id}, which is still going")
     freed = sum(checkpoints[name].size for name in chosen)
     if not dry_run:
-        folder = launcher.checkpoint_dir(run)
+        folder = folders.checkpoint_dir(run)
         for name in chosen:
             (folder / name).unlink(missing_ok=True)
             (folder / wire.sidecar_name(name)).unlink(missing_ok=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.launcher.local import LocalLauncher
+from app.folders import RunFolders
+from app.launcher.slurm import JOB_SCRIPT
 from app.models import Run
 from app.services import logs
 
@@ -18,10 +19,10 @@ class RankOutput:
     lines: list[str]
 
 
-def rank_outputs(run: Run, *, launcher: LocalLauncher, lines: int = 20) -> list[RankOutput]:
+def rank_outputs(run: Run, *, folders: RunFolders, lines: int = 20) -> list[RankOutput]:
     """The last `lines` lines of each rank's stdout and stderr, from torchrun's latest attempt."""
     outputs = []
-    for file in logs.log_files(run, launcher=launcher):
+    for file in logs.log_files(run, folders=folders):
         if file.rank is not None:
             try:
                 outputs.append(RankOutput(file.rank, file.stream, logs.tail(file.path, lines).lines))
@@ -30,9 +31,19 @@ def rank_outputs(run: Run, *, launcher: LocalLauncher, lines: int = 20) -> list[
     return outputs
 
 
-def checkpoint_failure(run: Run, *, launcher: LocalLauncher) -> str | None:
+def job_script(run: Run, *, folders: RunFolders) -> str | None:
+    """The batch script a Slurm run was submitted with, as written into its folder; None for other runs."""
+    if run.launcher != "slurm":
+        return None
+    try:
+        return (folders.run_dir(run) / JOB_SCRIPT).read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def checkpoint_failure(run: Run, *, folders: RunFolders) -> str | None:
     """The trainer's own words when a checkpoint could not be written (a full disk, a quota), if it said so."""
-    for output in rank_outputs(run, launcher=launcher, lines=50):
+    for output in rank_outputs(run, folders=folders, lines=50):
         for line in reversed(output.lines):
             if " NOT written: " in line:
                 return line.split("] ", 1)[-1]  # without the "[rank 0]" prefix

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from app.diagnose import Diagnosis, LogText, diagnose
 from app.errors import FieldInvalid, PathNotFound
-from app.launcher.local import LAUNCHER_LOG, LocalLauncher, latest_launch
+from app.folders import RunFolders
+from app.launcher.local import LAUNCHER_LOG, latest_launch
 from app.models import Run
 
 STREAMS = ("stdout", "stderr")
@@ -68,9 +69,9 @@ class Chunk:
     restarted: bool  # the file was truncated or replaced: reading began again at its start
 
 
-def log_files(run: Run, *, launcher: LocalLauncher) -> list[LogFile]:
+def log_files(run: Run, *, folders: RunFolders) -> list[LogFile]:
     """Each rank's stdout and stderr of torchrun's latest attempt, then the launcher's own output."""
-    root, run_dir = launcher.settings.shared, launcher.run_dir(run)
+    root, run_dir = folders.shared, folders.run_dir(run)
     found = []
     attempt = latest_attempt(run_dir / "ranks")
     if attempt is not None:
@@ -120,29 +121,29 @@ def check_stream(stream: str) -> str:
     return stream
 
 
-def find_log(run: Run, *, launcher: LocalLauncher, rank: int | None, stream: str) -> LogFile | None:
+def find_log(run: Run, *, folders: RunFolders, rank: int | None, stream: str) -> LogFile | None:
     """The file of that rank and stream, or None while there is none (yet)."""
-    return next((f for f in log_files(run, launcher=launcher) if f.rank == rank and f.stream == stream), None)
+    return next((f for f in log_files(run, folders=folders) if f.rank == rank and f.stream == stream), None)
 
 
-def log_file(run: Run, *, launcher: LocalLauncher, rank: str, stream: str) -> LogFile:
+def log_file(run: Run, *, folders: RunFolders, rank: str, stream: str) -> LogFile:
     """The file a URL names; 422 for a malformed rank or stream, 404 naming the rank when the run has none."""
     number, stream = parse_rank(rank), check_stream(stream)
-    file = find_log(run, launcher=launcher, rank=number, stream=stream)
+    file = find_log(run, folders=folders, rank=number, stream=stream)
     if file is not None:
         return file
     if number is None and stream == "stderr":
         raise PathNotFound("the launcher's stdout and stderr are one file: ask for launcher/stdout")
     if number is None:
         raise PathNotFound(f"run {run.id} has no launcher output yet")
-    ranks = sorted({f.rank for f in log_files(run, launcher=launcher) if f.rank is not None})
+    ranks = sorted({f.rank for f in log_files(run, folders=folders) if f.rank is not None})
     known = f"its ranks: {', '.join(map(str, ranks))}" if ranks else "it has no rank logs yet"
     raise PathNotFound(f"run {run.id} has no {stream} log for rank {number} ({known})")
 
 
-def tail_log(run: Run, *, launcher: LocalLauncher, rank: str, stream: str, lines: int, filter: str = "") -> Tail:
+def tail_log(run: Run, *, folders: RunFolders, rank: str, stream: str, lines: int, filter: str = "") -> Tail:
     """The last `lines` lines (matching `filter`) of one of the run's logs."""
-    return tail(log_file(run, launcher=launcher, rank=rank, stream=stream).path, lines, filter)
+    return tail(log_file(run, folders=folders, rank=rank, stream=stream).path, lines, filter)
 
 
 def matches(line: str, filter: str) -> bool:
@@ -232,9 +233,9 @@ def download(file: LogFile) -> Iterator[bytes]:
             yield chunk
 
 
-def diagnoses(run: Run, *, launcher: LocalLauncher) -> list[Diagnosis]:
+def diagnoses(run: Run, *, folders: RunFolders) -> list[Diagnosis]:
     """Known failures found in the tails of the run's logs (bounded: DIAGNOSE_BYTES of each file)."""
-    texts = [LogText(f.rank, f.stream, _tail_text(f.path), f.modified) for f in log_files(run, launcher=launcher)]
+    texts = [LogText(f.rank, f.stream, _tail_text(f.path), f.modified) for f in log_files(run, folders=folders)]
     return diagnose([_latest_launch(t) if t.rank is None else t for t in texts])
 
 
@@ -279,10 +280,10 @@ class LogUpdate:
     done: bool = False  # the run is over and everything was read
 
 
-def follow(follower: LogFollower, run: Run, *, launcher: LocalLauncher) -> LogUpdate:
+def follow(follower: LogFollower, run: Run, *, folders: RunFolders) -> LogUpdate:
     """One poll: one stat and at most one capped read, so a page open for hours costs little."""
     final = run.status.is_final
-    file = find_log(run, launcher=launcher, rank=follower.rank, stream=follower.stream)
+    file = find_log(run, folders=folders, rank=follower.rank, stream=follower.stream)
     if file is None:
         return LogUpdate([], done=final)
     if file.path != follower.path:  # the first poll, or a restart began a new attempt's files

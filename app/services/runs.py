@@ -11,10 +11,15 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from app.errors import FieldInvalid, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
+from app.folders import RunFolders
+from app.launcher import slurm
+from app.launcher.interface import Launcher, LaunchRefused
+from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
 from app.services import checkpoints, files, health, metrics, storage
+from app.settings import Settings
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 from trainer import wire
@@ -40,22 +45,48 @@ def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int)
     return run_store.list_runs(db, status=status, limit=limit, offset=offset)
 
 
-def create_run(db: Session, *, spec: RunCreate, launcher: LocalLauncher) -> Run:
-    """Stores a new run in `queued`; the supervisor starts it when its processes fit on this host."""
-    _check_fits_host(spec, launcher=launcher)
+def create_run(db: Session, *, spec: RunCreate, settings: Settings, folders: RunFolders, launchers: Launchers) -> Run:
+    """Stores a new run in `queued`; the supervisor starts it when its processes fit on this host, or submits it to
+    Slurm at once (Slurm queues it)."""
+    if spec.launcher == "slurm":
+        _check_fits_slurm(spec, launcher=launchers.require_slurm(), settings=settings)
+    else:
+        _check_fits_host(spec, launcher=launchers.local)
     with db.begin():
         if spec.init_from:
-            spec = spec.model_copy(update={"init_from": checkpoints.checked_init_from(launcher.settings.shared,
+            spec = spec.model_copy(update={"init_from": checkpoints.checked_init_from(folders.shared,
                                                                                        spec.init_from)})  # fmt: skip
         if spec.script:
-            script = checked_script(launcher.settings.script_roots, spec.script)
+            script = checked_script(settings.script_roots, spec.script)
             spec = spec.model_copy(update={"script": script, "workload": SCRIPT_WORKLOAD})
-        checkpoints.check_disk_room(db, spec, launcher=launcher)
+        checkpoints.check_disk_room(db, spec, folders=folders)
         run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="")
         db.add(run)
         db.flush()
-        run_store.set_status(db, run, RunStatus.queued, "created; waiting for free process slots")
+        waits_for = "submission to Slurm" if run.launcher == "slurm" else "free process slots"
+        run_store.set_status(db, run, RunStatus.queued, f"created; waiting for {waits_for}")
     return run
+
+
+def _check_fits_slurm(spec: RunCreate, *, launcher: slurm.SlurmLauncher, settings: Settings) -> None:
+    """What the schema cannot know: the cluster's partitions and their sizes; GPUs for the options that need them."""
+    partitions = launcher.partitions()
+    if partitions is None:
+        raise FieldInvalid("launcher", "Slurm does not answer (sinfo failed); try again, or run on this host")
+    partition = spec.slurm_partition or settings.slurm_partition
+    if partition is not None and partition not in partitions:
+        known = ", ".join(sorted(partitions)) or "none"
+        raise FieldInvalid("slurm_partition", f"Slurm has no partition {partition!r}; it has: {known}")
+    most = partitions[partition] if partition is not None else max(partitions.values(), default=0)
+    if spec.slurm_nodes > most:
+        where = f"partition {partition!r}" if partition else "the cluster"
+        raise FieldInvalid("slurm_nodes", f"{where} has {most} nodes; ask for at most {most}")
+    if spec.slurm_gpus_per_node and spec.nproc_per_node > spec.slurm_gpus_per_node:
+        raise FieldInvalid("nproc_per_node", f"one process per GPU: at most {spec.slurm_gpus_per_node} per node")
+    if spec.slurm_gpus_per_node:
+        return
+    for option, reason in wire.cuda_only(precision=spec.precision, sync_batchnorm=spec.sync_batchnorm).items():
+        raise FieldInvalid(option, f"the Slurm job asks for no GPU: {reason}")
 
 
 def _check_fits_host(spec: RunCreate, *, launcher: LocalLauncher) -> None:
@@ -91,24 +122,25 @@ def checked_script(roots: Sequence[Path], script: str) -> str:
     return str(resolved)
 
 
-def resume_run(db: Session, *, run_id: int, launcher: LocalLauncher) -> Run:
+def resume_run(db: Session, *, run_id: int, folders: RunFolders) -> Run:
     """Queues a stopped, failed or lost run again: it continues as the same run from its newest snapshot."""
     with db.begin():
         run = get_run(db, run_id=run_id)
         if run.status not in RESUMABLE:
             raise RunNotActive(f"run {run_id} is {run.status.value}; only a stopped, failed or lost run can resume")
-        snapshot = checkpoints.newest_checkpoint(launcher.checkpoint_dir(run))
+        snapshot = checkpoints.newest_checkpoint(folders.checkpoint_dir(run))
         if snapshot is None and not run.script:
             raise RunNotActive(f"run {run_id} has no checkpoint to resume from; start a new run instead")
         run.finished_at = run.exit_code = run.stop_requested_at = run.final_loss = None
         run.token_hash = run.pid = run.pid_start_ticks = run.launch_id = None
+        run.job_id = run.job_state = run.job_reason = run.node_list = None
         run.restarts = 0
         where = f"from {snapshot}" if snapshot else "(its script resumes itself)"
         run_store.set_status(db, run, RunStatus.queued, f"resume requested: continues {where}")
     return run
 
 
-def stop_run(db: Session, *, run_id: int, launcher: LocalLauncher) -> Run:
+def stop_run(db: Session, *, run_id: int, launchers: Launchers) -> Run:
     """Asks a run to stop: a queued run stops at once, a live one gets SIGTERM and a grace period."""
     with db.begin():
         run = get_run(db, run_id=run_id)
@@ -120,28 +152,48 @@ def stop_run(db: Session, *, run_id: int, launcher: LocalLauncher) -> Run:
         elif run.status != RunStatus.stopping:
             run.stop_requested_at = utcnow()
             run_store.set_status(db, run, RunStatus.stopping, "stop requested: finishing the step, saving")
-            launcher.terminate(run)
+            launchers.for_run(run).terminate(run)
     return run
 
 
-def supervise(db: Session, *, launcher: LocalLauncher, grace: timedelta) -> None:
+def supervise(
+    db: Session, *, launchers: Launchers, folders: RunFolders, grace: timedelta, stall_after: timedelta
+) -> None:
     """One tick: end the runs whose processes ended, escalate stops past their grace, note the live runs that stopped
     progressing (or move again), start what fits."""
-    stall_after = timedelta(seconds=launcher.settings.stall_after_s)
     with db.begin():
-        for run in run_store.runs_with_status(db, ACTIVE):
-            _check_active(db, run, launcher=launcher, grace=grace)
+        active = run_store.runs_with_status(db, ACTIVE)
+        for launcher in launchers.all():
+            launcher.refresh([run for run in active if run.launcher == launcher.name])
+        for run in active:
+            if run.launcher == "slurm" and launchers.slurm is None:
+                continue  # a server started without Slurm leaves Slurm's runs as they are
+            launcher = launchers.for_run(run)
+            _observe(db, run, launcher=launcher)
+            _check_active(db, run, launcher=launcher, folders=folders, grace=grace)
             health.record(db, run, now=utcnow(), stall_after=stall_after)  # only a run still running, so alive
-        _start_queued(db, launcher=launcher)
+        _start_queued(db, launchers=launchers)
 
 
-def _check_active(db: Session, run: Run, *, launcher: LocalLauncher, grace: timedelta) -> None:
+def _observe(db: Session, run: Run, *, launcher: Launcher) -> None:
+    """Keeps what the scheduler says of the run's job, with an event when its state or pending reason changes."""
+    job = launcher.observe(run)
+    if job is None or (job.state, job.reason, job.nodes) == (run.job_state, run.job_reason, run.node_list):
+        return
+    changed = job.state != run.job_state or (job.state in slurm.WAITING and job.reason != run.job_reason)
+    run.job_state, run.job_reason, run.node_list = job.state, job.reason, job.nodes
+    if changed:
+        run_store.set_status(db, run, run.status, f"Slurm job {run.job_id}: {slurm.describe(job)}")
+
+
+def _check_active(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders, grace: timedelta) -> None:
     exit_code = launcher.exit_code(run)
     if exit_code is not None:
-        _finish(db, run, launcher=launcher, exit_code=exit_code)
+        if not _requeued(db, run, launcher=launcher, folders=folders):
+            _finish(db, run, launcher=launcher, folders=folders, exit_code=exit_code)
     elif not launcher.is_alive(run):
         # The waiter itself is gone without recording an exit: killed after a stop, or by someone else.
-        _finish(db, run, launcher=launcher, exit_code=None)
+        _finish(db, run, launcher=launcher, folders=folders, exit_code=None)
     elif run.stop_requested_at is not None and utcnow() - run.stop_requested_at > grace:
         killed = launcher.kill(run)
         run_store.set_status(db, run, RunStatus.stopping, f"grace period over: killed {killed} processes")
@@ -149,7 +201,21 @@ def _check_active(db: Session, run: Run, *, launcher: LocalLauncher, grace: time
         _record_restarts(db, run, launcher=launcher)
 
 
-def _record_restarts(db: Session, run: Run, *, launcher: LocalLauncher) -> None:
+def _requeued(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders) -> bool:
+    """True when the run goes on: its job requeued as the next attempt (or waiting to end before it is)."""
+    if run.stop_requested_at is not None or folders.trainer_finished(run):
+        return False
+    requeue = launcher.requeue(run)
+    if requeue is None:
+        return False
+    if not requeue.waiting:
+        run.attempt += 1
+        run.exit_code = None
+        run_store.set_status(db, run, RunStatus.starting, f"attempt {run.attempt}: {requeue.reason}")
+    return True
+
+
+def _record_restarts(db: Session, run: Run, *, launcher: Launcher) -> None:
     """An event for each restart torchrun made since the last tick, saying which rank died and how."""
     if not run.max_restarts:
         return
@@ -161,27 +227,32 @@ def _record_restarts(db: Session, run: Run, *, launcher: LocalLauncher) -> None:
         run_store.set_status(db, run, run.status, reason)
 
 
-def _finish(db: Session, run: Run, *, launcher: LocalLauncher, exit_code: int | None) -> None:
+def _finish(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders, exit_code: int | None) -> None:
     launcher.kill(run)  # whatever torchrun left behind; a finished run owns no process
-    recovered = metrics.ingest_leftover_spools(db, run_id=run.id, run_dir=launcher.run_dir(run))
+    recovered = metrics.ingest_leftover_spools(db, run_id=run.id, run_dir=folders.run_dir(run))
     status, reason = final_status(
         exit_code=exit_code,
         stop_requested=run.stop_requested_at is not None,
-        trainer_finished=launcher.trainer_finished(run),
+        trainer_finished=folders.trainer_finished(run),
+        verdict=launcher.verdict(run),
     )
     run.exit_code = exit_code
     run.finished_at = utcnow()
     run.devices = None
     run.final_loss = metric_store.last_value(db, run_id=run.id, key="loss")
-    if status == RunStatus.failed and (why := files.checkpoint_failure(run, launcher=launcher)):
+    if status == RunStatus.failed and (why := files.checkpoint_failure(run, folders=folders)):
         reason = f"{reason}: {why}"
     if recovered:
         reason += f"; {recovered} points the trainer could not send were recovered from its spool"
     run_store.set_status(db, run, status, reason)
 
 
-def final_status(*, exit_code: int | None, stop_requested: bool, trainer_finished: bool) -> tuple[RunStatus, str]:
-    """How a run ended, decided from the exit code, whether a stop was asked for, and the trainer's own marker."""
+def final_status(
+    *, exit_code: int | None, stop_requested: bool, trainer_finished: bool, verdict: tuple[RunStatus, str] | None = None
+) -> tuple[RunStatus, str]:
+    """How a run ended: the trainer's own marker first, then a stop asked for, then the scheduler's `verdict` (a job
+    Slurm cancelled, timed out or lost a node of), then the exit code. torchrun exits 1 after a graceful stop, and
+    Slurm then says FAILED or CANCELLED: neither may overrule the first two."""
     if trainer_finished:
         if exit_code == 0:
             return RunStatus.succeeded, "training finished"
@@ -190,6 +261,8 @@ def final_status(*, exit_code: int | None, stop_requested: bool, trainer_finishe
     if stop_requested:
         how = "the processes were killed" if exit_code is None else f"torchrun exited with {exit_code}"
         return RunStatus.stopped, f"stopped on request; {how}"
+    if verdict is not None:
+        return verdict
     if exit_code == 0:
         return RunStatus.succeeded, "torchrun exited with 0"  # a script of the user's own writes no marker
     if exit_code is None:
@@ -197,25 +270,36 @@ def final_status(*, exit_code: int | None, stop_requested: bool, trainer_finishe
     return RunStatus.failed, f"torchrun exited with {exit_code} before training finished; see the ranks' output"
 
 
-def _start_queued(db: Session, *, launcher: LocalLauncher) -> None:
+def _start_queued(db: Session, *, launchers: Launchers) -> None:
+    """Submits queued Slurm runs (Slurm queues them), and starts the local runs that fit this host's free slots."""
     busy = {device for run in run_store.runs_with_status(db, ACTIVE) for device in run.devices or []}
-    free = [slot for slot in range(launcher.capacity) if slot not in busy]
+    free = [slot for slot in range(launchers.local.capacity) if slot not in busy]
+    local_blocked = False
     for run in run_store.runs_with_status(db, [RunStatus.queued]):
-        if run.nproc_per_node > len(free):
-            return  # first come, first served: a large run is not overtaken by smaller ones
-        devices, free = free[: run.nproc_per_node], free[run.nproc_per_node :]
-        _launch(db, run, launcher=launcher, devices=devices)
+        if run.launcher == "slurm":
+            if launchers.slurm is not None:
+                _launch(db, run, launcher=launchers.slurm, devices=[])
+        elif local_blocked or run.nproc_per_node > len(free):
+            local_blocked = True  # first come, first served: a large run is not overtaken by smaller ones
+        else:
+            devices, free = free[: run.nproc_per_node], free[run.nproc_per_node :]
+            _launch(db, run, launcher=launchers.local, devices=devices)
 
 
-def _launch(db: Session, run: Run, *, launcher: LocalLauncher, devices: list[int]) -> None:
+def _launch(db: Session, run: Run, *, launcher: Launcher, devices: list[int]) -> None:
     token = secrets.token_urlsafe(32)
-    launch = launcher.start(run, token=token, devices=devices)
+    try:
+        launch = launcher.start(run, token=token, devices=devices)
+    except LaunchRefused as refused:
+        run.finished_at = utcnow()
+        run_store.set_status(db, run, RunStatus.failed, f"Slurm refused the job: {refused.message}")
+        return
     run.token_hash = hash_token(token)
     run.launch_id, run.pid, run.pid_start_ticks = launch.launch_id, launch.pid, launch.start_ticks
-    run.command, run.devices = launch.command, devices
+    run.command, run.devices, run.job_id = launch.command, devices, launch.job_id
+    run.attempt = 1
     run.started_at = utcnow()
-    where = f"GPUs {devices}" if launcher.gpu_count else f"{len(devices)} CPU process slots"
-    run_store.set_status(db, run, RunStatus.starting, f"torchrun started (pid {launch.pid}) on {where}")
+    run_store.set_status(db, run, RunStatus.starting, launch.description)
 
 
 def elapsed(run: Run, now: datetime | None = None) -> timedelta | None:

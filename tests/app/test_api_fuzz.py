@@ -55,7 +55,7 @@ def without_lifespan(app: ASGIApp) -> ASGIApp:
 
 def seed(app: Any) -> None:
     """Runs in five states (run 1 running with TOKEN), metric points, a checkpoint with its sidecar, and logs."""
-    launcher = app.state.launcher
+    folders = app.state.folders
     with app.state.sessions() as db, db.begin():
         for status in (RunStatus.running, RunStatus.succeeded, RunStatus.failed, RunStatus.stopped, RunStatus.queued):
             db.add(Run(name=f"{status.value} run", status=status, status_reason="seeded", workload="mlp",
@@ -67,17 +67,17 @@ def seed(app: Any) -> None:
         )
         metrics.ingest(db, run_id=1, token=TOKEN, batch=batch)
         for run in db.query(Run).all():
-            folder = launcher.checkpoint_dir(run)
+            folder = folders.checkpoint_dir(run)
             folder.mkdir(parents=True)
             torch.save({"model": torch.nn.Linear(2, 2).state_dict(), "step": 8}, folder / wire.checkpoint_name(8))
             sidecar = wire.CheckpointSidecar(wire.checkpoint_name(8), 8, 1, {"loss": 0.5}, 1000, 1.7e9, "epoch")
             (folder / wire.sidecar_name(wire.checkpoint_name(8))).write_text(json.dumps(sidecar.to_json()))
-            ranks = launcher.run_dir(run) / "ranks" / "rdzv_x" / "attempt_0"
+            ranks = folders.run_dir(run) / "ranks" / "rdzv_x" / "attempt_0"
             for rank in (0, 1):
                 (ranks / str(rank)).mkdir(parents=True)
                 (ranks / str(rank) / "stdout.log").write_text("".join(f"step {s} loss 0.5\n" for s in range(30)))
                 (ranks / str(rank) / "stderr.log").write_text("Traceback (most recent call last):\nValueError: x\n")
-            (launcher.run_dir(run) / "launcher.log").write_text("torchrun started\n")
+            (folders.run_dir(run) / "launcher.log").write_text("torchrun started\n")
 
 
 @pytest.fixture(scope="module")

@@ -228,16 +228,16 @@ def test_the_live_stream_filters_and_validates(client: TestClient, run_id: int, 
 
 
 def test_a_follower_sees_lines_as_they_are_appended(client: TestClient, run_id: int, run_logs: Path) -> None:
-    launcher = client.app.state.launcher  # type: ignore[attr-defined]
+    folders = client.app.state.folders  # type: ignore[attr-defined]
     with client.app.state.sessions() as db:  # type: ignore[attr-defined]
         run = db.get(Run, run_id)
         follower = logs.LogFollower(0, "stderr")
-        first = logs.follow(follower, run, launcher=launcher)
+        first = logs.follow(follower, run, folders=folders)
         assert first.reset and first.lines == ["rank 0 warning: slow data loader"]
-        assert logs.follow(follower, run, launcher=launcher).lines == []
+        assert logs.follow(follower, run, folders=folders).lines == []
         with open(rank_dir(client, run_id, 0) / "stderr.log", "a") as f:
             f.write("epoch 1 done\n")
-        assert logs.follow(follower, run, launcher=launcher).lines == ["epoch 1 done"]
+        assert logs.follow(follower, run, folders=folders).lines == ["epoch 1 done"]
 
 
 def test_the_panel_offers_every_rank_and_explains_a_failed_run(client: TestClient, run_id: int, run_logs: Path) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures of the browser tests: one headless Chromium per module, a fresh page per test."""
+"""Fixtures of the end-to-end tests: one headless Chromium per module, a fresh page per test; a Slurm cluster."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.slurm import slurm_cluster, slurm_missing
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -27,3 +29,13 @@ def page(browser: Browser) -> Iterator[Page]:
     page = context.new_page()
     yield page
     context.close()
+
+
+@pytest.fixture(scope="session")
+def slurm() -> Iterator[dict[str, str]]:
+    """A one-node Slurm cluster on this host for the whole session; the environment its clients need."""
+    why = slurm_missing()
+    if why:
+        pytest.skip(f"Slurm: {why}")
+    with slurm_cluster() as env:
+        yield env

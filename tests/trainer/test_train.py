@@ -42,6 +42,7 @@ def torchrun_command(tmp: Path, *trainer_args: str) -> list[str]:
         "3",
         "--max-restarts",
         "0",
+        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",  # as the Slurm job script starts it
         "-m",
         "trainer",
         *trainer_args,
@@ -190,7 +191,8 @@ def is_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited; only its parent has not reaped it
 
 
-def test_sigterm_stops_every_process_after_a_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
+def test_a_stop_signal_stops_every_process_after_a_checkpoint(tmp_path: Path, stop: signal.Signals) -> None:
     # The server's Popen: its own session, so that one killpg reaches torchrun (the workers are in sessions of
     # their own, and torchrun forwards the signal to them).
     process = subprocess.Popen(
@@ -205,7 +207,7 @@ def test_sigterm_stops_every_process_after_a_checkpoint(tmp_path: Path) -> None:
     try:
         pids = wait_for_pids(tmp_path, process)
         time.sleep(1.0)
-        os.killpg(process.pid, signal.SIGTERM)
+        os.killpg(process.pid, stop)
         output, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:

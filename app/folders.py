@@ -1,0 +1,28 @@
+"""Where each run's files live in the shared storage root: storage's business, whichever launcher runs the run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.models import Run
+from trainer import wire
+
+
+@dataclass(frozen=True)
+class RunFolders:
+    """The run folders below the shared root: `logs/<run>/` (its output, markers, spools) and `checkpoints/<run>/`."""
+
+    shared: Path
+
+    def run_dir(self, run: Run) -> Path:
+        """The run's own folder: the launcher's and the ranks' output, the trainer's markers and spools."""
+        return self.shared / "logs" / run.folder
+
+    def checkpoint_dir(self, run: Run) -> Path:
+        """Where the run's trainer writes its checkpoints."""
+        return self.shared / "checkpoints" / run.folder
+
+    def trainer_finished(self, run: Run) -> bool:
+        """True when rank 0 wrote its completion marker: training ran to its end whatever the exit code says."""
+        return (self.run_dir(run) / wire.FINISHED_MARKER).exists()

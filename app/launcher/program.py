@@ -1,0 +1,46 @@
+"""What a run's ranks execute and the environment they get, whichever launcher starts them."""
+
+from __future__ import annotations
+
+import itertools
+
+from app.folders import RunFolders
+from app.models import Run
+from trainer import wire
+
+# The run's columns that `python -m trainer` takes as flags of the same names.
+TRAINER_OPTIONS = (
+    "workload", "epochs", "batch_size", "lr", "optimizer", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip",
+    "grad_accum", "precision", "sync_batchnorm", "find_unused_parameters", "bucket_cap_mb", "gradient_as_bucket_view",
+    "val_every", "checkpoint_every", "checkpoint_unit", "seed", "pg_timeout_s", "keep_last", "keep_best",
+    "best_metric",
+)  # fmt: skip
+
+
+def trainer_program(run: Run, folders: RunFolders) -> list[str]:
+    """What follows torchrun's own options: the user's script and its arguments, or `-m trainer` and its flags."""
+    if run.script:
+        return [run.script, *(run.script_args or [])]
+    options = {name: getattr(run, name) for name in TRAINER_OPTIONS}
+    if run.init_from:
+        options.update(init_from=str(folders.shared / run.init_from), init_optimizer=run.init_optimizer)
+    flags = [(f"--{name.replace('_', '-')}", wire.flag_value(value)) for name, value in options.items()]
+    return ["-m", "trainer", *itertools.chain.from_iterable(flags),
+            "--checkpoint-dir", str(folders.checkpoint_dir(run))]  # fmt: skip
+
+
+def trainer_environment(
+    run: Run, *, folders: RunFolders, server_url: str, token: str, launch_id: str
+) -> dict[str, str]:
+    """The variables the trainer and the client read: who the run is, where to report, where its files go."""
+    return {
+        wire.ENV_RUN_ID: str(run.id),
+        wire.ENV_SERVER_URL: server_url,
+        wire.ENV_TOKEN: token,
+        wire.ENV_RUN_DIR: str(folders.run_dir(run)),
+        wire.ENV_CHECKPOINT_DIR: str(folders.checkpoint_dir(run)),
+        wire.ENV_LAUNCH_ID: launch_id,
+        "PYTHONUNBUFFERED": "1",
+        # Restarted workers must not reuse the agent's rendezvous store (pytorch/pytorch#135712).
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }

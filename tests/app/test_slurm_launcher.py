@@ -1,0 +1,146 @@
+"""The Slurm launcher's pure parts: the job script (every value stays data), squeue's lines, and the state map."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.folders import RunFolders
+from app.launcher.interface import JobView
+from app.launcher.slurm import JobOptions, describe, ending, job_script, parse_squeue
+from app.main import create_app
+from app.models import Run, RunStatus
+from app.services.runs import final_status
+from app.settings import Settings
+
+HOSTILE = ["'; touch {pwned} #", "$(touch {pwned})", "`touch {pwned}`", 'a"b', "line\nbreak", "$HOME", "*", "--x=1 2"]
+
+
+def hostile_run(tmp_path: Path) -> Run:
+    pwned = tmp_path / "pwned"
+    return Run(id=7, name="'; touch /tmp/evil #", launcher="slurm", nproc_per_node=2, max_restarts=0,
+               script=str(tmp_path / "my script $(x).py"), script_args=[a.format(pwned=pwned) for a in HOSTILE],
+               slurm_nodes=2, slurm_cpus_per_task=3, slurm_gpus_per_node=0, slurm_time_limit="1-00:00",
+               slurm_partition="debug", slurm_account=None, slurm_qos="high", slurm_constraint="a100&ib",
+               slurm_requeue=True)  # fmt: skip
+
+
+def script_argv(script: str, tmp_path: Path) -> list[str]:
+    """What srun would be given when bash runs the script: srun and scontrol stand in as functions that print."""
+    prelude = 'srun() { printf "%s\\0" "$@" > "$ARGV"; }\nscontrol() { echo node-a; echo node-b; }\n'
+    env = {**os.environ, "ARGV": str(tmp_path / "argv"), "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_NTASKS": "2",
+           "SLURM_JOB_ID": "41", "SLURM_CPUS_PER_TASK": "3"}  # fmt: skip
+    subprocess.run(["bash", "-c", prelude + script], env=env, check=True, timeout=30, capture_output=True)
+    return (tmp_path / "argv").read_bytes().decode().split("\0")[:-1]
+
+
+def test_hostile_names_and_arguments_reach_torchrun_as_data(tmp_path: Path) -> None:
+    run = hostile_run(tmp_path)
+    folders = RunFolders(tmp_path / "shared")
+    folders.run_dir(run).mkdir(parents=True)
+    script = job_script(run, options=JobOptions.of(run, Settings(data_dir=tmp_path)), folders=folders,
+                        python="/opt/py thon/bin/python")  # fmt: skip
+    argv = script_argv(script, tmp_path)
+    assert not (tmp_path / "pwned").exists() and "/tmp/evil" not in script  # the name never enters the script
+    assert argv[:4] == ["--kill-on-bad-exit=1", "bash", "-c", argv[3]] and argv[4] == "/opt/py thon/bin/python"
+    torchrun = argv[5:]
+    assert torchrun[:5] == ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
+                            "--rdzv-endpoint=node-a:" + str(29500 + 41), "--rdzv-id=41"]  # fmt: skip
+    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2" in torchrun  # else USR2 kills torchrun
+    assert torchrun[-len(HOSTILE) - 1 :] == [run.script, *(run.script_args or [])]  # each argument intact
+    assert (folders.run_dir(run) / "exit.json").read_text() == '{"exit_code": 0}\n'  # the exit code, recorded
+
+
+def test_the_directives_carry_the_options_and_the_token_never_appears(tmp_path: Path) -> None:
+    run = hostile_run(tmp_path)
+    settings = Settings(data_dir=tmp_path, slurm_account="proj-1", stop_grace_s=60)
+    script = job_script(run, options=JobOptions.of(run, settings), folders=RunFolders(tmp_path))
+    directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert directives == [
+        "#SBATCH --job-name=rankboard-run-7", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --cpus-per-task=3", "#SBATCH --time=1-00:00", "#SBATCH --partition=debug",
+        "#SBATCH --account=proj-1", "#SBATCH --qos=high", "#SBATCH --constraint='a100&ib'",
+        "#SBATCH --signal=B:USR2@120", "#SBATCH --open-mode=append", "#SBATCH --requeue",
+    ]  # fmt: skip
+    assert "RANKBOARD_TOKEN" not in script
+
+
+def test_a_job_without_a_head_node_fails_loudly_rather_than_rendezvous_with_itself(tmp_path: Path) -> None:
+    run = hostile_run(tmp_path)
+    script = job_script(run, options=JobOptions.of(run, Settings(data_dir=tmp_path)), folders=RunFolders(tmp_path))
+    done = subprocess.run(["bash", "-c", "scontrol() { :; }\n" + script], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "SLURM_JOB_NODELIST": "", "SLURM_CPUS_PER_TASK": "1"})  # fmt: skip
+    assert done.returncode == 1 and "no head node" in done.stderr
+
+
+def test_squeue_lines_are_read_by_job_id_and_noise_is_left_out() -> None:
+    text = "12|PENDING|Resources|\n13|RUNNING|None|node-[1-2]\nslurm_load_jobs warning\n14_2|TIMEOUT|TimeLimit|n3\n"
+    assert parse_squeue(text) == {
+        "12": JobView("PENDING", "Resources", ""),
+        "13": JobView("RUNNING", "None", "node-[1-2]"),
+        "14_2": JobView("TIMEOUT", "TimeLimit", "n3"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        ("PENDING", "queued in Slurm (Priority)"),
+        ("REQUEUED", "queued in Slurm (Priority)"),
+        ("CONFIGURING", "queued in Slurm (Priority)"),
+        ("RUNNING", "running on node-[1-2]"),
+        ("COMPLETING", "running on node-[1-2]"),
+        ("COMPLETED", "ended in Slurm: COMPLETED"),
+    ],
+)
+def test_the_page_says_queued_with_the_reason_or_running_with_the_nodes(state: str, said: str) -> None:
+    assert describe(JobView(state, "Priority", "node-[1-2]")) == said
+
+
+@pytest.mark.parametrize(
+    ("state", "status", "words"),
+    [
+        ("CANCELLED", RunStatus.stopped, "cancelled outside Rankboard"),
+        ("TIMEOUT", RunStatus.failed, "timed out"),
+        ("PREEMPTED", RunStatus.failed, "preempted"),
+        ("NODE_FAIL", RunStatus.failed, "node failure on node-7"),
+        ("BOOT_FAIL", RunStatus.failed, "node failure on node-7"),
+        ("OUT_OF_MEMORY", RunStatus.failed, "out of memory"),
+    ],
+)
+def test_slurm_endings_become_run_states_people_read(state: str, status: RunStatus, words: str) -> None:
+    verdict = ending(JobView(state, "", "node-7"))
+    assert verdict is not None and verdict[0] == status and words in verdict[1]
+
+
+@pytest.mark.parametrize("state", ["COMPLETED", "FAILED"])
+def test_completed_and_failed_leave_the_decision_to_the_recorded_exit_code(state: str) -> None:
+    assert ending(JobView(state, "", "n1")) is None
+
+
+def test_a_slurm_run_on_a_server_without_slurm_is_refused_naming_the_launcher(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, shared_dir=tmp_path / "shared", launcher="local", supervise_interval_s=3600)
+    with TestClient(create_app(settings)) as client:
+        answer = client.post("/api/runs", json={"launcher": "slurm", "nproc_per_node": 1})
+        assert answer.status_code == 422 and "launcher" in answer.text and "Slurm" in answer.text
+        assert client.get("/api/runs").json()["total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("verdict", "stop_requested", "finished", "status"),
+    [
+        ((RunStatus.stopped, "cancelled outside Rankboard"), True, False, RunStatus.stopped),
+        ((RunStatus.failed, "timed out"), False, True, RunStatus.succeeded),
+        ((RunStatus.stopped, "cancelled outside Rankboard"), False, False, RunStatus.stopped),
+    ],
+)
+def test_the_servers_stop_and_the_trainers_marker_come_before_slurms_word(
+    verdict: tuple[RunStatus, str], stop_requested: bool, finished: bool, status: RunStatus
+) -> None:
+    decided = final_status(exit_code=1, stop_requested=stop_requested, trainer_finished=finished, verdict=verdict)
+    assert decided[0] == status
+    assert ("cancelled outside" in decided[1]) == (not stop_requested and not finished)
