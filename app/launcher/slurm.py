@@ -37,6 +37,9 @@ WARNING_LEAD_S = 60  # besides the grace period: how long before the time limit 
 OUTPUT_FILE = "slurm-%j.out"  # Slurm's own output of the batch shell and of srun, beside the ranks' logs
 SQUEUE_FORMAT = "%i|%T|%r|%N"
 COMMAND_TIMEOUT_S = 30.0
+# slurmd refuses a job whose credential is dated in the same second as the revocation of its previous attempt's
+# ("Killing non-startable batch job: Job credential revoked"): a requeued job starts this many seconds later.
+REQUEUE_START_DELAY_S = 2
 OUTPUT_READ = 4 * 1024 * 1024
 # A job id as sbatch prints it and squeue lists it: 123, 123_4 (array), 123+1 (heterogeneous).
 JOB_ID = re.compile(r"^\d+([_+]\d+)?$")
@@ -260,8 +263,9 @@ class SlurmLauncher:
         if self.is_alive(run):
             return Requeue(waiting=True)  # the batch shell is still ending: a live job cannot be requeued yet
         requeued = self._scontrol(["requeue", run.job_id])
-        # A requeued job waits for BeginTime (about two minutes) unless told to start now.
-        if not requeued or not self._scontrol(["update", f"JobId={run.job_id}", "StartTime=now"]):
+        # A requeued job waits for BeginTime (about two minutes) unless told when to start.
+        start = f"StartTime=now+{REQUEUE_START_DELAY_S}"
+        if not requeued or not self._scontrol(["update", f"JobId={run.job_id}", start]):
             return None
         (run_dir / WARNED).unlink(missing_ok=True)
         (run_dir / EXIT_FILE).unlink(missing_ok=True)
