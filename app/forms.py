@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -82,14 +82,21 @@ GROUPS = {
 }  # fmt: skip
 
 
-def run_form_fields(*, capacity: int) -> list[FormField]:
-    """The form's fields, in the schema's order, with defaults, ranges and help text."""
-    return [_field(name, prop, capacity) for name, prop in RunCreate.model_json_schema()["properties"].items()]
+def run_form_fields(*, capacity: int, partitions: dict[str, int] | None = None) -> list[FormField]:
+    """The form's fields, in the schema's order, with defaults, ranges and help text. `partitions` are the Slurm
+    cluster's, with their node counts; None where this server cannot submit to Slurm, whose fields are then left out."""
+    fields = [_field(name, prop, capacity) for name, prop in RunCreate.model_json_schema()["properties"].items()]
+    if partitions is None:  # this host is the only place to run
+        only_here = (("local", "local"),)
+        fields = [f for f in fields if not f.name.startswith("slurm_")]
+        return [replace(f, choices=only_here) if f.name == "launcher" else f for f in fields]
+    offered = (("", "the server's default"), *((name, f"{nodes} nodes") for name, nodes in sorted(partitions.items())))
+    return [replace(f, kind="select", choices=offered) if f.name == "slurm_partition" else f for f in fields]
 
 
-def run_form_groups(*, capacity: int) -> list[tuple[str, list[FormField]]]:
+def run_form_groups(*, capacity: int, partitions: dict[str, int] | None = None) -> list[tuple[str, list[FormField]]]:
     """The form's fields by section, each section in the schema's order."""
-    fields = run_form_fields(capacity=capacity)
+    fields = run_form_fields(capacity=capacity, partitions=partitions)
     placed = {name for names in GROUPS.values() for name in names}
     return [
         (title, [f for f in fields if (f.name in names if names else f.name not in placed)])

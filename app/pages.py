@@ -10,11 +10,11 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from app.deps import FoldersDep, LauncherDep, LaunchersDep, SessionDep, SettingsDep
+from app.deps import FoldersDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, FormInvalid, RankboardError
 from app.folders import RunFolders
 from app.forms import as_form_text, parse_run_form, run_form_groups
-from app.launcher.local import LocalLauncher
+from app.launcher.launchers import Launchers
 from app.models import Run, RunStatus
 from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
 from app.schemas import RunCreate
@@ -75,13 +75,13 @@ def runs_page(
 
 @router.get("/runs/new", response_class=HTMLResponse)
 def new_run_page(
-    request: Request, db: SessionDep, launcher: LauncherDep, from_run: FromRun = None, init_from: InitFrom = ""
+    request: Request, db: SessionDep, launchers: LaunchersDep, from_run: FromRun = None, init_from: InitFrom = ""
 ) -> Response:
     """The form; `from_run` fills it with that run's options, `init_from` names a checkpoint to start from."""
     values = run_options(runs.get_run(db, run_id=from_run)) if from_run is not None else {}
     if init_from:
         values.update(init_from=init_from, name=f"{values.get('name', 'run')} from {init_from.rsplit('/', 1)[-1]}")
-    return new_run_form(request, launcher=launcher, values=values, errors={})
+    return new_run_form(request, launchers=launchers, values=values, errors={})
 
 
 def run_options(run: Run) -> dict[str, str]:
@@ -89,14 +89,18 @@ def run_options(run: Run) -> dict[str, str]:
 
 
 def new_run_form(
-    request: Request, *, launcher: LocalLauncher, values: dict[str, str], errors: dict[str, str], status_code: int = 200
+    request: Request, *, launchers: Launchers, values: dict[str, str], errors: dict[str, str], status_code: int = 200
 ) -> HTMLResponse:
+    local = launchers.local
+    # The cluster's partitions, from sinfo; an empty list where Slurm does not answer (the form still offers it).
+    partitions = None if launchers.slurm is None else (launchers.slurm.partitions() or {})
     context = {
-        "groups": run_form_groups(capacity=launcher.capacity),
+        "groups": run_form_groups(capacity=local.capacity, partitions=partitions),
         "values": values,
         "errors": errors,
-        "capacity": launcher.capacity,
-        "gpu_count": launcher.gpu_count,
+        "capacity": local.capacity,
+        "gpu_count": local.gpu_count,
+        "slurm": launchers.slurm is not None,
     }
     return page(request, "new_run.html", context, status_code=status_code)
 
@@ -255,8 +259,8 @@ def error_page(request: Request, exc: RankboardError) -> Response:
     values = getattr(request.state, "form_values", None)
     if values is not None and isinstance(exc, (FormInvalid, FieldInvalid)):
         errors = exc.errors if isinstance(exc, FormInvalid) else {exc.field: exc.message}
-        launcher = request.app.state.launcher
-        return new_run_form(request, launcher=launcher, values=values, errors=errors, status_code=422)
+        launchers = request.app.state.launchers
+        return new_run_form(request, launchers=launchers, values=values, errors=errors, status_code=422)
     context = {"message": exc.message, "status_code": exc.status_code}
     if request.headers.get("HX-Request"):
         fragment = render_block(templates_of(request), "error.html", "message", context)

@@ -41,6 +41,7 @@ Sessions = Callable[[], Session]
 # Each state: the status it is stored with, and a sentence its page shows (from its newest lifecycle event).
 STATES: dict[str, tuple[RunStatus, str]] = {
     "queued": (RunStatus.queued, "created; waiting for free process slots"),
+    "queued in Slurm": (RunStatus.queued, "Slurm job 4242: queued in Slurm (Resources)"),
     "starting": (RunStatus.starting, "torchrun started"),
     "running": (RunStatus.running, "the trainer reported its first progress"),
     "stopping": (RunStatus.stopping, "stop requested: finishing the step, saving"),
@@ -52,7 +53,8 @@ STATES: dict[str, tuple[RunStatus, str]] = {
     "restarted": (RunStatus.running, "restart 1 of 3: local rank 1 (pid 4242) was killed by SIGKILL"),
     "resumed": (RunStatus.queued, "resume requested: continues from"),
 }
-UNSTARTED = ("queued", "starting")  # no metrics and no checkpoint yet; a starting run's logs are still empty
+WAITING = ("queued", "queued in Slurm")  # nothing started: no process, no log, no metric
+UNSTARTED = (*WAITING, "starting")  # no metrics and no checkpoint yet; a starting run's logs are still empty
 STALE = timedelta(minutes=30)  # the not-progressing run's heartbeats: older than any stall_after_s a test uses
 
 
@@ -82,7 +84,7 @@ def seed_states(
     for run in seeded.values():
         if run.state not in UNSTARTED:
             _report(api, run.id)
-        if run.state != "queued":
+        if run.state not in WAITING:
             seeded[run.state] = _leave_files(run, shared)
     _settle(sessions, seeded)
     if "resumed" in seeded:
@@ -97,12 +99,17 @@ def _create(sessions: Sessions, states: Iterable[str]) -> dict[str, Seeded]:
     with sessions() as db, db.begin():
         for state in states:
             status, says = STATES[state]
-            spec = RunCreate(name=f"walk {state}", epochs=5, max_restarts=3 if state == "restarted" else 0)
+            spec = RunCreate(name=f"walk {state}", epochs=5, max_restarts=3 if state == "restarted" else 0,
+                             launcher="slurm" if state == "queued in Slurm" else "local")  # fmt: skip
             run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="")
             db.add(run)
             db.flush()
             run_store.set_status(db, run, RunStatus.queued, "created; waiting for free process slots")
-            if state != "queued":
+            if state == "queued in Slurm":  # submitted; its job waits for nodes
+                run.started_at, run.token_hash, run.attempt = now, hash_token(TOKEN), 1
+                run.job_id, run.job_state, run.job_reason = "4242", "PENDING", "Resources"
+                run_store.set_status(db, run, RunStatus.queued, says)
+            elif state != "queued":
                 run.started_at, run.devices, run.token_hash = now, SLOTS, hash_token(TOKEN)
                 run.pid, run.pid_start_ticks = me, processes.start_ticks(me)
                 run_store.set_status(db, run, RunStatus.starting, f"torchrun started (pid {me}) on 2 CPU process slots")
@@ -176,7 +183,7 @@ def _settle(sessions: Sessions, seeded: dict[str, Seeded]) -> None:
         for state, one in seeded.items():
             run = db.get(Run, one.id)
             assert run is not None
-            if state != "queued":
+            if state not in WAITING:
                 run.started_at = now - (timedelta(seconds=30) if state == "starting" else timedelta(hours=1))
                 run.created_at = run.started_at - timedelta(seconds=5)
             _SETTLE.get(state, lambda db, run, now: None)(db, run, now)

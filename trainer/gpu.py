@@ -260,7 +260,7 @@ class GpuSampler:
     ) -> None:
         if interval < MIN_SAMPLE_S:
             raise ValueError(f"interval must be at least {MIN_SAMPLE_S} s, got {interval}")
-        self.host = (host or socket.gethostname())[: wire.MAX_HOST_LENGTH]
+        self.host = host or wire.node_name(environ, socket.gethostname())
         self.interval = interval
         self._sink, self._visible, self._environ = sink, visible_devices, environ
         self._run_processes = RunProcesses(launch_id)

@@ -188,7 +188,7 @@ class Reporter:
         self._progress: wire.Progress | None = None
         self._delivered_progress: wire.Progress | None = None  # the last progress sent or spooled
         # The node's inventory (from trainer.gpu) and this rank's heartbeat ride on a later batch, each once.
-        self._host = socket.gethostname()[: wire.MAX_HOST_LENGTH]
+        self._host = wire.node_name(os.environ, socket.gethostname())
         self._node: wire.Node | None = None
         self._delivered_node: wire.Node | None = None
         self._beat_step: int | None = None
@@ -196,7 +196,7 @@ class Reporter:
         self._beat_sent_at = -math.inf
         self._warned: set[str] = set()
         self._connection = IngestConnection(url, run_id, token)
-        self._spool = Spool(Path(spool_dir) / f"spool-{socket.gethostname()}-rank{rank}.jsonl", self._warn)
+        self._spool = Spool(Path(spool_dir) / f"spool-{self._host}-rank{rank}.jsonl", self._warn)
         self._retry_at, self._retry_delay = 0.0, _RETRY_FIRST_S  # a spool left by a previous process goes first
         self._last_attempt = -math.inf
         self._reachable = True

@@ -28,6 +28,7 @@ collective shows as the one whose heartbeat went stale.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -76,6 +77,16 @@ NCCL_ENV = (
     "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_BUFFSIZE", "NCCL_NSOCKS_PERTHREAD",
     "NCCL_SOCKET_NTHREADS", "NCCL_ALGO", "NCCL_PROTO", "NCCL_ASYNC_ERROR_HANDLING",
 )  # fmt: skip
+
+
+def node_name(environ: Mapping[str, str], host: str) -> str:
+    """The name a node's samples, inventory and heartbeats go under: its host, and the Slurm task too where
+    several torchrun agents share one host (each would otherwise overwrite the other's inventory and samples)."""
+    per_node = environ.get("SLURM_TASKS_PER_NODE", "1").split("(")[0].split(",")[0]
+    task = environ.get("SLURM_LOCALID")
+    if task is not None and per_node.isdigit() and int(per_node) > 1:
+        host = f"{host[: MAX_HOST_LENGTH - 8]}:{task[:7]}"
+    return host[:MAX_HOST_LENGTH]
 
 
 def flag_value(value: object) -> str:

@@ -7,6 +7,7 @@ each one quoted, and the run's token travels in the job's environment, never in 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -41,6 +42,8 @@ COMMAND_TIMEOUT_S = 30.0
 # ("Killing non-startable batch job: Job credential revoked"): a requeued job starts this many seconds later.
 REQUEUE_START_DELAY_S = 2
 OUTPUT_READ = 4 * 1024 * 1024
+SQUEUE_BACKOFF_MAX_S = 60.0
+HELD = "JobHeldUser"  # squeue's reason for a job submitted with --hold
 # A job id as sbatch prints it and squeue lists it: 123, 123_4 (array), 123+1 (heterogeneous).
 JOB_ID = re.compile(r"^\d+([_+]\d+)?$")
 
@@ -89,6 +92,13 @@ def ending(job: JobView) -> tuple[RunStatus, str] | None:
     return status, reason.format(nodes=job.nodes or "an unnamed node")
 
 
+def job_name(run: Run) -> str:
+    """The run's job name: its id and a digest of when it was created, so that the server finds its own submission
+    again (one whose reply was lost) and never another server's run of the same id."""
+    digest = hashlib.sha256(f"{run.id}|{run.created_at}".encode()).hexdigest()[:8]
+    return f"rankboard-run-{run.id}-{digest}"
+
+
 def parse_squeue(text: str) -> dict[str, JobView]:
     """squeue's `%i|%T|%r|%N` lines by job id; lines that are not a job (a warning) are left out."""
     jobs = {}
@@ -120,7 +130,7 @@ class JobOptions:
     def of(cls, run: Run, settings: Settings) -> JobOptions:
         """The run's options; what it leaves empty comes from the server's settings."""
         return cls(
-            job_name=f"rankboard-run-{run.id}", nodes=run.slurm_nodes, agents_per_node=settings.slurm_agents_per_node,
+            job_name=job_name(run), nodes=run.slurm_nodes, agents_per_node=settings.slurm_agents_per_node,
             cpus_per_task=run.slurm_cpus_per_task, gpus_per_node=run.slurm_gpus_per_node,
             time_limit=run.slurm_time_limit or settings.slurm_time_limit,
             partition=run.slurm_partition or settings.slurm_partition,
@@ -196,6 +206,7 @@ class SlurmLauncher:
         self._listed_at = float("-inf")  # monotonic time of the last squeue that answered
         self._asked_at = float("-inf")
         self._submitted_at: dict[str, float] = {}
+        self._poll_s = settings.slurm_poll_s
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Writes the job script into the run's folder and submits it with `sbatch --parsable`."""
@@ -207,7 +218,10 @@ class SlurmLauncher:
         script = run_dir / JOB_SCRIPT
         script.write_text(job_script(run, options=JobOptions.of(run, self.settings), folders=self.folders))
         launch_id = uuid.uuid4().hex
-        command = ["sbatch", "--parsable", f"--output={run_dir / OUTPUT_FILE}", f"--chdir={run_dir}", str(script)]
+        self._cancel_lost_submissions(run)
+        # Held until the job id is on record (refresh releases it): a reply lost now leaves a job that never runs.
+        command = ["sbatch", "--parsable", "--hold", f"--output={run_dir / OUTPUT_FILE}", f"--chdir={run_dir}",
+                   str(script)]  # fmt: skip
         env = self._environment(run, token, launch_id)
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
@@ -219,6 +233,31 @@ class SlurmLauncher:
         self._submitted_at[job_id] = time.monotonic()
         return Launch(launch_id, None, None, command, f"submitted to Slurm as job {job_id}", job_id=job_id)
 
+    def _cancel_lost_submissions(self, run: Run) -> None:
+        """Cancels the jobs of an earlier submission of the run whose reply never reached the database (the server
+        died, or sbatch timed out after submitting): they wait, held, under the run's job name."""
+        name = job_name(run)
+        listed = self._command(["squeue", "--noheader", "--states=all", f"--name={name}", f"--format={SQUEUE_FORMAT}"])
+        if listed is None:
+            raise LaunchRefused("squeue did not answer, so an earlier submission of this run cannot be ruled out")
+        for job_id, job in parse_squeue(listed).items():
+            if job.state in WAITING or job.state in RUNNING:
+                log.warning("cancelling Slurm job %s: an earlier submission of run %d whose reply was lost", job_id,
+                            run.id)  # fmt: skip
+                self._command(["scancel", job_id])
+
+    def _command(self, argv: list[str]) -> str | None:
+        """A Slurm client command's output; None (and a warning in the log) when it fails."""
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            log.warning("%s failed: %s", argv[0], error)
+            return None
+        if done.returncode != 0:
+            log.warning("%s exited with %d: %s", argv[0], done.returncode, done.stderr.strip())
+            return None
+        return done.stdout
+
     def _environment(self, run: Run, token: str, launch_id: str) -> dict[str, str]:
         # A server that itself runs inside a Slurm job must not hand its own job's variables to the new one.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_")) or k == "SLURM_CONF"}
@@ -229,21 +268,29 @@ class SlurmLauncher:
         return env
 
     def refresh(self, runs: Sequence[Run]) -> None:
-        """One squeue for every live Slurm run, at most every `slurm_poll_s`; a failed call keeps the last answer."""
+        """One squeue for every live Slurm run, at most every `slurm_poll_s`, and less often while squeue fails (it
+        keeps its last answer); then releases the jobs submitted held whose ids are now on record."""
         now = time.monotonic()
-        if not any(run.job_id for run in runs) or now - self._asked_at < self.settings.slurm_poll_s:
+        # A job not yet seen (job_state None) waits, held, for its release: it is not kept waiting a poll interval,
+        # unless squeue is failing.
+        fresh = any(run.job_id and run.job_state is None for run in runs)
+        failing = self._poll_s > self.settings.slurm_poll_s
+        wait = self._poll_s if failing or not fresh else 0.0
+        if not any(run.job_id for run in runs) or now - self._asked_at < wait:
             return
         self._asked_at = now
-        command = ["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"]
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            log.warning("squeue failed: %s; keeping its last answer", error)
+        listed = self._command(["squeue", "--noheader", "--states=all", f"--format={SQUEUE_FORMAT}"])
+        if listed is None:  # slurmctld away or overloaded: ask it less often, up to a minute apart
+            self._poll_s = min(self._poll_s * 2, max(SQUEUE_BACKOFF_MAX_S, self.settings.slurm_poll_s))
             return
-        if done.returncode != 0:
-            log.warning("squeue exited with %d: %s; keeping its last answer", done.returncode, done.stderr.strip())
-            return
-        self._jobs, self._listed_at = parse_squeue(done.stdout), now
+        self._jobs, self._listed_at, self._poll_s = parse_squeue(listed), now, self.settings.slurm_poll_s
+        for run in runs:
+            job = self.observe(run)
+            # job_state is None: the server has not seen this job before, so it is the one it submitted held.
+            held = job is not None and run.job_id is not None and run.job_state is None and job.reason == HELD
+            if held and run.job_id and self._scontrol(["release", run.job_id]):
+                self._jobs.pop(run.job_id)  # its listing says held: alive until the next one says more
+                self._submitted_at[run.job_id] = time.monotonic()
 
     def observe(self, run: Run) -> JobView | None:
         return self._jobs.get(run.job_id) if run.job_id else None
@@ -275,14 +322,7 @@ class SlurmLauncher:
         return Requeue(f"Slurm's time limit was near; requeued as job {run.job_id}, resuming from its newest snapshot")
 
     def _scontrol(self, arguments: list[str]) -> bool:
-        try:
-            done = subprocess.run(["scontrol", *arguments], capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            log.warning("scontrol %s failed: %s", " ".join(arguments), error)
-            return False
-        if done.returncode != 0:
-            log.warning("scontrol %s: %s", " ".join(arguments), done.stderr.strip())
-        return done.returncode == 0
+        return self._command(["scontrol", *arguments]) is not None
 
     def exit_code(self, run: Run) -> int | None:
         """The exit code the batch script recorded at its end; None while it runs, or when Slurm killed it."""
@@ -314,12 +354,8 @@ class SlurmLauncher:
         return 1
 
     def _scancel(self, run: Run, options: list[str]) -> None:
-        if run.job_id is None:
-            return
-        try:
-            subprocess.run(["scancel", *options, run.job_id], capture_output=True, timeout=COMMAND_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            log.warning("scancel %s failed: %s", run.job_id, error)
+        if run.job_id is not None:
+            self._command(["scancel", *options, run.job_id])
 
     def worker_failures(self, run: Run) -> list[str]:
         """Each worker death the agents logged into Slurm's output file of the job, oldest first."""
@@ -334,15 +370,11 @@ class SlurmLauncher:
 
     def partitions(self) -> dict[str, int] | None:
         """The cluster's partitions and their node counts, from sinfo; None when sinfo does not answer."""
-        try:
-            done = subprocess.run(["sinfo", "--noheader", "--format=%R|%D"], capture_output=True, text=True,
-                                  timeout=COMMAND_TIMEOUT_S)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if done.returncode != 0:
+        listed = self._command(["sinfo", "--noheader", "--format=%R|%D"])
+        if listed is None:
             return None
         found: dict[str, int] = {}
-        for line in done.stdout.splitlines():
+        for line in listed.splitlines():
             name, _bar, count = line.strip().partition("|")
             if count.isdigit():
                 found[name] = found.get(name, 0) + int(count)

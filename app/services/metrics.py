@@ -20,7 +20,8 @@ from app.store import runs as run_store
 from app.store.metrics import StoredPoint
 from trainer import wire
 
-ACCEPTS_METRICS = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
+# Queued too: a Slurm job may start, and its trainer post, before the server sees it leave Slurm's queue.
+ACCEPTS_METRICS = (RunStatus.queued, RunStatus.starting, RunStatus.running, RunStatus.stopping)
 # The keys of GPU and host samples (trainer.gpu), logged at step = unix seconds: "gpu/", "sys/".
 CLOCK_STEPPED = (wire.GPU_KEY.partition("{")[0], wire.SYS_KEY.partition("{")[0])
 
@@ -37,7 +38,7 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
         nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)
         if advance_progress(run, batch):
             run.heartbeat_at = utcnow()
-            if run.status == RunStatus.starting:
+            if run.status in (RunStatus.queued, RunStatus.starting):
                 what = "progress" if batch.progress is not None else "step"
                 run_store.set_status(db, run, RunStatus.running, f"the trainer reported its first {what}")
     return IngestResult(accepted=len(batch.points), stored=stored)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.errors import FieldInvalid, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
 from app.folders import RunFolders
 from app.launcher import slurm
-from app.launcher.interface import Launcher, LaunchRefused
+from app.launcher.interface import JobView, Launcher, LaunchRefused
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
@@ -25,6 +25,7 @@ from app.store import runs as run_store
 from trainer import wire
 
 ACTIVE = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
+WATCHED = (RunStatus.queued, *ACTIVE)  # queued: those whose job waits in Slurm's queue
 RESUMABLE = (RunStatus.stopped, RunStatus.failed, RunStatus.lost)
 SCRIPT_WORKLOAD = "script"  # the workload of a run of the user's own script
 
@@ -146,7 +147,7 @@ def stop_run(db: Session, *, run_id: int, launchers: Launchers) -> Run:
         run = get_run(db, run_id=run_id)
         if run.status.is_final:
             raise RunNotActive(f"run {run_id} already ended ({run.status.value})")
-        if run.status == RunStatus.queued:
+        if run.status == RunStatus.queued and run.job_id is None:
             run.finished_at = utcnow()
             run_store.set_status(db, run, RunStatus.stopped, "stopped before it started")
         elif run.status != RunStatus.stopping:
@@ -162,7 +163,7 @@ def supervise(
     """One tick: end the runs whose processes ended, escalate stops past their grace, note the live runs that stopped
     progressing (or move again), start what fits."""
     with db.begin():
-        active = run_store.runs_with_status(db, ACTIVE)
+        active = [run for run in run_store.runs_with_status(db, WATCHED) if run.status in ACTIVE or run.job_id]
         for launcher in launchers.all():
             launcher.refresh([run for run in active if run.launcher == launcher.name])
         for run in active:
@@ -183,7 +184,16 @@ def _observe(db: Session, run: Run, *, launcher: Launcher) -> None:
     changed = job.state != run.job_state or (job.state in slurm.WAITING and job.reason != run.job_reason)
     run.job_state, run.job_reason, run.node_list = job.state, job.reason, job.nodes
     if changed:
-        run_store.set_status(db, run, run.status, f"Slurm job {run.job_id}: {slurm.describe(job)}")
+        run_store.set_status(db, run, _status_of_job(run, job), f"Slurm job {run.job_id}: {slurm.describe(job)}")
+
+
+def _status_of_job(run: Run, job: JobView) -> RunStatus:
+    """Queued while the job waits in Slurm's queue, starting once it has nodes; running and stopping stay."""
+    if job.state in slurm.WAITING and run.status == RunStatus.starting:
+        return RunStatus.queued
+    if job.state in slurm.RUNNING and run.status == RunStatus.queued:
+        return RunStatus.starting
+    return run.status
 
 
 def _check_active(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders, grace: timedelta) -> None:
@@ -211,7 +221,7 @@ def _requeued(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders)
     if not requeue.waiting:
         run.attempt += 1
         run.exit_code = None
-        run_store.set_status(db, run, RunStatus.starting, f"attempt {run.attempt}: {requeue.reason}")
+        run_store.set_status(db, run, RunStatus.queued, f"attempt {run.attempt}: {requeue.reason}")
     return True
 
 
@@ -277,7 +287,7 @@ def _start_queued(db: Session, *, launchers: Launchers) -> None:
     local_blocked = False
     for run in run_store.runs_with_status(db, [RunStatus.queued]):
         if run.launcher == "slurm":
-            if launchers.slurm is not None:
+            if launchers.slurm is not None and run.job_id is None:
                 _launch(db, run, launcher=launchers.slurm, devices=[])
         elif local_blocked or run.nproc_per_node > len(free):
             local_blocked = True  # first come, first served: a large run is not overtaken by smaller ones
@@ -299,7 +309,8 @@ def _launch(db: Session, run: Run, *, launcher: Launcher, devices: list[int]) ->
     run.command, run.devices, run.job_id = launch.command, devices, launch.job_id
     run.attempt = 1
     run.started_at = utcnow()
-    run_store.set_status(db, run, RunStatus.starting, launch.description)
+    # A submitted job waits in Slurm's queue; local processes start at once.
+    run_store.set_status(db, run, RunStatus.queued if launch.job_id else RunStatus.starting, launch.description)
 
 
 def elapsed(run: Run, now: datetime | None = None) -> timedelta | None:

@@ -11,11 +11,12 @@ from fastapi.testclient import TestClient
 
 from app.folders import RunFolders
 from app.launcher.interface import JobView
-from app.launcher.slurm import JobOptions, describe, ending, job_script, parse_squeue
+from app.launcher.slurm import JobOptions, describe, ending, job_name, job_script, parse_squeue
 from app.main import create_app
 from app.models import Run, RunStatus
 from app.services.runs import final_status
 from app.settings import Settings
+from trainer import wire
 
 HOSTILE = ["'; touch {pwned} #", "$(touch {pwned})", "`touch {pwned}`", 'a"b', "line\nbreak", "$HOME", "*", "--x=1 2"]
 
@@ -61,7 +62,7 @@ def test_the_directives_carry_the_options_and_the_token_never_appears(tmp_path: 
     script = job_script(run, options=JobOptions.of(run, settings), folders=RunFolders(tmp_path))
     directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]
     assert directives == [
-        "#SBATCH --job-name=rankboard-run-7", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --job-name={job_name(run)}", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
         "#SBATCH --cpus-per-task=3", "#SBATCH --time=1-00:00", "#SBATCH --partition=debug",
         "#SBATCH --account=proj-1", "#SBATCH --qos=high", "#SBATCH --constraint='a100&ib'",
         "#SBATCH --signal=B:USR2@120", "#SBATCH --open-mode=append", "#SBATCH --requeue",
@@ -128,6 +129,22 @@ def test_a_slurm_run_on_a_server_without_slurm_is_refused_naming_the_launcher(tm
         answer = client.post("/api/runs", json={"launcher": "slurm", "nproc_per_node": 1})
         assert answer.status_code == 422 and "launcher" in answer.text and "Slurm" in answer.text
         assert client.get("/api/runs").json()["total"] == 0
+        assert client.get("/api/health").json()["launchers"] == ["local"]
+        form = client.get("/runs/new").text  # offers this host only, and none of Slurm's fields
+        assert 'value="local"' in form and 'value="slurm"' not in form and "f-slurm_" not in form
+
+
+@pytest.mark.parametrize(
+    ("environ", "name"),
+    [
+        ({}, "gpu-7"),  # torchrun alone, or one agent per node
+        ({"SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "1"}, "gpu-7"),
+        ({"SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "2"}, "gpu-7:1"),  # two agents on one host
+        ({"SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "2(x3)"}, "gpu-7:0"),
+    ],
+)
+def test_agents_that_share_a_host_report_under_names_of_their_own(environ: dict[str, str], name: str) -> None:
+    assert wire.node_name(environ, "gpu-7") == name
 
 
 @pytest.mark.parametrize(

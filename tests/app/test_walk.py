@@ -25,7 +25,7 @@ from markupsafe import escape
 from app.main import create_app
 from app.models import RunStatus
 from app.settings import Settings
-from tests.run_states import STATES, UNSTARTED, Seeded, bulk_runs, seed_states, supervisor_has_seen
+from tests.run_states import STATES, UNSTARTED, WAITING, Seeded, bulk_runs, seed_states, supervisor_has_seen
 from trainer import wire
 
 HISTORY = 1000
@@ -204,7 +204,7 @@ def run_stream(answer: Answer) -> None:
 
 
 def log_stream(answer: Answer) -> None:
-    if answer.seeded.state == "queued":
+    if answer.seeded.state in WAITING:
         assert answer.response.headers["content-type"].startswith("text/event-stream") and answer.event is None
         return
     first_event("reset")(answer)
@@ -317,7 +317,7 @@ def rank_output(answer: Answer) -> None:
 
 def log_files(answer: Answer) -> None:
     files = [(f["rank"], f["stream"]) for f in answer.json()]
-    assert files == ([] if answer.seeded.state == "queued" else [(0, "stdout"), (0, "stderr"), (1, "stdout"),
+    assert files == ([] if answer.seeded.state in WAITING else [(0, "stdout"), (0, "stderr"), (1, "stdout"),
                                                                  (1, "stderr"), (None, "stdout")])  # fmt: skip
 
 

@@ -4,16 +4,23 @@ step stand in for two nodes (c10d rendezvous between them), as the project's Slu
 from __future__ import annotations
 
 import signal
+import socket
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import torch
 from playwright.sync_api import Page, expect
 
+from app.folders import RunFolders
 from app.launcher import processes
+from app.launcher.slurm import SlurmLauncher, job_name
+from app.models import Run
+from app.settings import Settings
 from tests.e2e.runs import FINAL, create, loss_steps, output, wait_status
 from tests.live import LiveServer, run_processes, wait_for
 
@@ -49,6 +56,15 @@ def test_a_two_agent_run_succeeds_with_every_step_once_and_a_loadable_checkpoint
         assert [s for s, _ in steps] == list(range(1, done["total_steps"] + 1))  # every step, exactly once
         checkpoints = api.get(f"/api/runs/{run['id']}/checkpoints").json()
         page = api.get(f"/runs/{run['id']}").text
+        keys = api.get(f"/api/runs/{run['id']}/metrics").json()
+    # Two agents on one host: each node's inventory, samples and heartbeats under its own name.
+    host = socket.gethostname()
+    assert sorted(node["host"] for node in done["gpus"]) == [f"{host}:0", f"{host}:1"]
+    assert {f"sys/{host}:0/cpu_percent", f"sys/{host}:1/cpu_percent"} <= set(keys), keys
+    with sqlite3.connect(slurm_server.root / "data" / "rankboard.db") as db:
+        beats = db.execute("SELECT rank, host FROM run_ranks WHERE run_id = ? ORDER BY rank", (run["id"],)).fetchall()
+    assert sorted(host for _rank, host in beats) == [f"{host}:0", f"{host}:1"] and [r for r, _h in beats] == [0, 1]
+    assert any(e["status"] == "queued" and "submitted to Slurm" in e["reason"] for e in done["events"])
     assert checkpoints and checkpoints[-1]["step"] == done["total_steps"]
     state = torch.load(slurm_server.root / "shared" / checkpoints[-1]["path"], weights_only=True)
     assert state["step"] == done["total_steps"]
@@ -149,7 +165,7 @@ def test_a_restarted_server_finds_its_slurm_runs_again(slurm_server: LiveServer,
         assert gone["status"] == "stopped" and "cancelled outside Rankboard" in gone["status_reason"]
         waiting = wait_for(lambda: (r := api.get(f"/api/runs/{queued['id']}").json())["job_state"] and r, 60,
                            what="the queued run's job state")  # fmt: skip
-        assert waiting["status"] == "starting" and waiting["job_state"] == "PENDING", waiting
+        assert waiting["status"] == "queued" and waiting["job_state"] == "PENDING", waiting
         assert waiting["job_reason"] == "Resources"  # the one node is busy with the first run
         before = api.get(f"/api/runs/{running['id']}").json()["step"]
         wait_for(lambda: api.get(f"/api/runs/{running['id']}").json()["step"] > before, 60, what="progress again")
@@ -178,9 +194,11 @@ def test_from_the_form_a_slurm_run_waits_with_its_reason_runs_and_stops(
         page.get_by_label("Epochs").fill("1000")
         page.get_by_label("Run on").select_option("slurm")
         page.get_by_label("Time limit").fill("10:00")
+        page.get_by_label("Partition").select_option("debug")  # offered from sinfo
         page.get_by_role("button", name="Start run").click()
         expect(page.get_by_role("heading", name="slurm from the browser")).to_be_visible()
         expect(page.locator("#slurm-job")).to_contain_text("PENDING (Resources)", timeout=60_000)
+        expect(page.locator("#status")).to_have_text("queued")
     finally:
         subprocess.run(["scancel", held], env=slurm, timeout=30)
     expect(page.locator("#slurm-job")).to_contain_text("RUNNING on", timeout=60_000)
@@ -200,3 +218,23 @@ def test_your_own_script_runs_through_slurm_as_it_does_here(slurm_server: LiveSe
         steps = loss_steps(api, run["id"])
     assert [step for step, _ in steps] == list(range(1, 129))  # 8,192 samples / 2 agents / 32: every step once
     assert (slurm_server.root / "shared" / "checkpoints" / f"run-{run['id']}" / "snapshot.pt").exists()
+
+
+def test_a_submission_whose_reply_was_lost_is_cancelled_before_the_run_is_submitted_again(
+    slurm: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    tmp_path.chmod(0o755)
+    folders = RunFolders(tmp_path / "shared")
+    launcher = SlurmLauncher(Settings(data_dir=tmp_path, shared_dir=tmp_path / "shared"), folders)
+    run = Run(id=4242, name="lost reply", launcher="slurm", workload="mlp", nproc_per_node=1, max_restarts=0,
+              epochs=1, slurm_nodes=1, slurm_cpus_per_task=1, slurm_gpus_per_node=0, slurm_requeue=False,
+              created_at=datetime.now(UTC))  # fmt: skip
+    lost = launcher.start(run, token="first", devices=[])  # the server died before it recorded this job id
+    again = launcher.start(run, token="second", devices=[])
+    listed = subprocess.run(["squeue", "--noheader", "--states=all", f"--name={job_name(run)}", "--format=%i|%T|%r"],
+                            env=slurm, capture_output=True, text=True, check=True, timeout=30).stdout  # fmt: skip
+    subprocess.run(["scancel", str(again.job_id)], env=slurm, timeout=30)
+    jobs = dict(line.split("|", 1) for line in listed.split())
+    # The lost one never ran (held until its id is on record), and only the second is left to run.
+    assert jobs == {lost.job_id: "CANCELLED|JobHeldUser", again.job_id: "PENDING|JobHeldUser"}, listed
