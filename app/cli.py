@@ -103,7 +103,9 @@ def run_command(sessions: sessionmaker[Session], args: argparse.Namespace) -> No
             users.remove_user(db, name=args.name, actor=actor)
             print(f"removed {args.name}")
         elif (args.command, args.action) == ("tokens", "create"):
-            if not users.list_users(db):
+            with sessions() as check:
+                anyone = bool(users.list_users(check))
+            if not anyone:
                 raise RankboardError("add a user first (`rankboard users add NAME --role admin`): until one exists, "
                                      "authentication is off and a token would mean nothing")  # fmt: skip
             new = tokens.create_token(db, name=args.name, role=Role(args.role), expires=args.expires,
