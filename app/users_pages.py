@@ -36,7 +36,7 @@ def log_in(request: Request, db: SessionDep, settings: SettingsDep, values: Form
     client = request.client.host if request.client else "unknown"
     session_id = users.log_in(db, name=values.get("name", ""), password=values.get("password", ""), client=client,
                               throttle=request.app.state.login_throttle,
-                              replaces=request.cookies.get(SESSION_COOKIE))  # fmt: skip
+                              replaces=request.cookies.get(SESSION_COOKIE), settings=settings)  # fmt: skip
     response = RedirectResponse(safe_next(values.get("next", "/")), status_code=303)
     response.set_cookie(SESSION_COOKIE, session_id, max_age=int(settings.session_max_s), path="/", httponly=True,
                         samesite="lax", secure=is_secure(request, settings))  # fmt: skip

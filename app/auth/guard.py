@@ -89,6 +89,7 @@ class Guard:
                  refuse: Refuse) -> None:  # fmt: skip
         self.app, self.settings, self.sessions, self.switch, self.refuse = app, settings, sessions, switch, refuse
         self.hosts = allowed_hosts(settings)
+        self.named_hosts = {host.lower().strip("[]") for host in settings.allowed_hosts} - {"*"}
         self.any_host = "*" in settings.allowed_hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -130,7 +131,11 @@ class Guard:
         source = request.headers.get("origin") or request.headers.get("referer")
         if source is None:
             return None
-        if source != "null" and urlsplit(source).netloc.lower() == request.headers.get("host", "").lower():
+        origin = urlsplit(source)
+        if source != "null" and origin.netloc.lower() == request.headers.get("host", "").lower():
+            return None
+        # Behind a proxy that rewrites Host, the page's own name is one the admin listed.
+        if origin.hostname and origin.hostname.lower() in self.named_hosts:
             return None
         return NotAllowed(f"a change sent from another site ({source}) is refused")
 

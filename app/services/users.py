@@ -83,8 +83,8 @@ def remove_user(db: Session, *, name: str, actor: str) -> None:
         audit.record(db, actor=actor, action="removed user", detail=name)
 
 
-def log_in(db: Session, *, name: str, password: str, client: str, throttle: LoginThrottle,
-           replaces: str | None) -> str:  # fmt: skip
+def log_in(db: Session, *, name: str, password: str, client: str, throttle: LoginThrottle, replaces: str | None,
+           settings: Settings) -> str:  # fmt: skip
     """A new session's id for the cookie (any session the browser had is ended: a fresh id at each login)."""
     keys = (f"user:{name}", f"addr:{client}")
     wait = throttle.wait_s((keys[0], 1), (keys[1], 4))
@@ -97,6 +97,9 @@ def log_in(db: Session, *, name: str, password: str, client: str, throttle: Logi
             raise NotAuthenticated("wrong user name or password")
         if replaces:
             user_store.delete_session(db, sha256(replaces))
+        now = utcnow()  # the sessions past their expiry go now: nothing else would delete them
+        user_store.delete_sessions_before(db, created_before=now - timedelta(seconds=settings.session_max_s),
+                                          seen_before=now - timedelta(seconds=settings.session_idle_s))  # fmt: skip
         session_id = new_secret()
         db.add(LoginSession(id_hash=sha256(session_id), user_id=user.id))
     return session_id
@@ -135,7 +138,7 @@ def _session_caller(db: Session, *, session_id: str, settings: Settings) -> Call
     if _expired(session, now=now, settings=settings):
         db.delete(session)
         return None
-    if now - session.last_seen_at > TOUCH_EVERY:
+    if now - session.last_seen_at > min(TOUCH_EVERY, timedelta(seconds=settings.session_idle_s / 10)):
         session.last_seen_at = now
     user = session.user
     return Caller(user.name, user.role, "session", user=user.name, csrf=csrf_token(session_id))
