@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: object) -> object:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
 
+    @field_validator("admin_password", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value  # an unset variable passed on as empty (docker-compose)
+
     @field_validator("data_dir", "shared_dir", "scripts_dir")
     @classmethod
     def _absolute(cls, path: Path | None) -> Path | None:
