@@ -159,7 +159,9 @@ def serve_app(settings: Settings) -> int:
         flush=True,
     )
     # One worker: uvicorn with several leaves Nagle on and stalls kept-alive requests ~44 ms (Kludex/uvicorn#3149).
-    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info")
+    # No proxy headers: uvicorn would take the client's address from X-Forwarded-For of anyone on 127.0.0.1, and
+    # the guard believes X-Forwarded-User only from the proxy's own address (RANKBOARD_TRUSTED_PROXY).
+    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info", proxy_headers=False)
     return 0
 
 

@@ -177,7 +177,7 @@ class Guard:
         if caller.csrf is None:
             return None, receive
         sent, receive = await csrf_sent(request, receive)
-        if sent is None or not hmac.compare_digest(sent, caller.csrf):
+        if sent is None or not hmac.compare_digest(sent.encode(), caller.csrf.encode()):
             message = "the CSRF token is missing or wrong: reload the page and try again"
             return self.refuse(request, NotAllowed(message)), receive
         return None, receive
@@ -209,7 +209,9 @@ async def csrf_sent(request: Request, receive: Receive) -> tuple[str | None, Rec
     while True:
         message = await receive()
         body += message.get("body", b"")
-        if len(body) > MAX_FORM or not message.get("more_body", False):
+        if len(body) > MAX_FORM:
+            return None, receive  # not one of this app's forms: refused without it
+        if not message.get("more_body", False):
             break
     field = parse_qs(body.decode("latin-1")).get(CSRF_FIELD, [None])[0]
     return field, replay(body)

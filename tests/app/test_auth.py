@@ -472,3 +472,10 @@ def test_streams_and_downloads_work_for_a_logged_in_browser(guarded: Guarded) ->
     download = browser.get("/api/files/download", params={"path": "datasets/notes.txt"})
     assert download.status_code == 200 and download.text == "shared notes\n"
     assert TestClient(guarded.app).get("/api/files/download", params={"path": "datasets/notes.txt"}).status_code == 401
+
+
+def test_a_malformed_csrf_token_is_refused_not_a_crash(guarded: Guarded) -> None:
+    browser, _csrf = log_in(guarded.app, "olga", PASSWORDS["olga"])
+    for sent in ("é" * 64, "", "x"):
+        answer = browser.post(f"/runs/{guarded.run_id}/stop", headers={"X-CSRF-Token": sent.encode()})
+        assert answer.status_code == 403, sent
