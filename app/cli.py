@@ -1,26 +1,27 @@
-"""`rankboard serve [--host H] [--port P]`, `rankboard db upgrade` and `rankboard --version`."""
+"""`rankboard serve [--host H] [--port P]`, `rankboard db upgrade`, `rankboard users ...`, `rankboard tokens ...` and
+`rankboard --version`."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import sys
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from app import __version__
-from app.errors import SchemaMismatch
+from app.errors import RankboardError, SchemaMismatch
+from app.models import Role
 from app.settings import Settings
+
+ROLES = [role.value for role in Role]
+NEW_PASSWORD_ENV = "RANKBOARD_NEW_PASSWORD"  # `users add` reads the password here when it is not asked for
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rankboard", description="Start, stop and watch PyTorch DDP runs.")
-    parser.add_argument("--version", action="version", version=f"rankboard {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="start the dashboard (one worker: the server is single-writer)")
-    serve.add_argument("--host", help="address to bind (default 127.0.0.1, or RANKBOARD_HOST)")
-    serve.add_argument("--port", type=int, help="port (default 8000, or RANKBOARD_PORT)")
-    db = commands.add_parser("db", help="database schema")
-    db.add_argument("action", choices=["upgrade"], help="upgrade: bring the schema to the newest version")
-    args = parser.parse_args(argv)
-
+    args = parser().parse_args(argv)
     overrides = {
         k: v
         for k, v in {"host": getattr(args, "host", None), "port": getattr(args, "port", None)}.items()
@@ -34,12 +35,113 @@ def main(argv: list[str] | None = None) -> int:
         upgrade(settings.sqlalchemy_url)
         print(f"database at the newest schema: {settings.sqlalchemy_url}")
         return 0
+    if args.command in ("users", "tokens"):
+        return manage(settings, args)
     return serve_app(settings)
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rankboard", description="Start, stop and watch PyTorch DDP runs.")
+    parser.add_argument("--version", action="version", version=f"rankboard {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="start the dashboard (one worker: the server is single-writer)")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1, or RANKBOARD_HOST)")
+    serve.add_argument("--port", type=int, help="port (default 8000, or RANKBOARD_PORT)")
+    db = commands.add_parser("db", help="database schema")
+    db.add_argument("action", choices=["upgrade"], help="upgrade: bring the schema to the newest version")
+    users = commands.add_parser("users", help="who may log in (the first user turns authentication on)")
+    user_actions = users.add_subparsers(dest="action", required=True)
+    add = user_actions.add_parser("add", help=f"add a user; the password is asked for, read from {NEW_PASSWORD_ENV}, "
+                                  "or made and printed once")  # fmt: skip
+    add.add_argument("name")
+    add.add_argument("--role", choices=ROLES, required=True)
+    user_actions.add_parser("list", help="the users and their roles")
+    remove = user_actions.add_parser("remove", help="remove a user, their logins and tokens")
+    remove.add_argument("name")
+    tokens = commands.add_parser("tokens", help="API tokens for scripts: Authorization: Bearer <token>")
+    token_actions = tokens.add_subparsers(dest="action", required=True)
+    create = token_actions.add_parser("create", help="make a token; it is printed once")
+    create.add_argument("--name", required=True)
+    create.add_argument("--role", choices=ROLES, required=True)
+    create.add_argument("--expires", default="90d", help="hours, days or weeks: 12h, 90d, 2w (default 90d)")
+    create.add_argument("--owner", help="the user it belongs to (default: none)")
+    token_actions.add_parser("list", help="the tokens, with last use and expiry")
+    revoke = token_actions.add_parser("revoke", help="revoke a token by its id")
+    revoke.add_argument("id", type=int)
+    return parser
+
+
+def manage(settings: Settings, args: argparse.Namespace) -> int:
+    """The users and tokens commands, on the server's database (made or upgraded as the server would)."""
+    from app.db import make_engine, make_sessionmaker, prepare_schema
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.sqlalchemy_url)
+    try:
+        prepare_schema(engine, settings.sqlalchemy_url)
+        run_command(make_sessionmaker(engine), args)
+    except RankboardError as exc:
+        print(f"rankboard: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    return 0
+
+
+def run_command(sessions: sessionmaker[Session], args: argparse.Namespace) -> None:
+    from app.services import tokens, users
+
+    actor = f"{getpass.getuser()} (command line)"
+    with sessions() as db:
+        if (args.command, args.action) == ("users", "add"):
+            made = users.add_user(db, name=args.name, role=Role(args.role), password=new_password(), actor=actor)
+            told = f"; password, shown only this once: {made.password}" if made.password else ""
+            print(f"added {made.role.value} {made.name}{told}")
+        elif (args.command, args.action) == ("users", "list"):
+            table([(user.name, user.role.value, user.created_at) for user in users.list_users(db)])
+        elif (args.command, args.action) == ("users", "remove"):
+            users.remove_user(db, name=args.name, actor=actor)
+            print(f"removed {args.name}")
+        elif (args.command, args.action) == ("tokens", "create"):
+            with sessions() as check:
+                anyone = bool(users.list_users(check))
+            if not anyone:
+                raise RankboardError("add a user first (`rankboard users add NAME --role admin`): until one exists, "
+                                     "authentication is off and a token would mean nothing")  # fmt: skip
+            new = tokens.create_token(db, name=args.name, role=Role(args.role), expires=args.expires,
+                                      owner=args.owner, actor=actor)  # fmt: skip
+            print(f"token {new.token.id} {new.token.name} ({new.token.role.value}, expires "
+                  f"{new.token.expires_at:%Y-%m-%d}); shown only this once:\n{new.secret}")  # fmt: skip
+        elif (args.command, args.action) == ("tokens", "list"):
+            table([(t.id, t.name, t.role.value, t.user.name if t.user else "-", f"expires {t.expires_at:%Y-%m-%d}",
+                    f"last used {t.last_used_at:%Y-%m-%d %H:%M}" if t.last_used_at else "never used",
+                    "revoked" if t.revoked_at else "") for t in tokens.list_tokens(db)])  # fmt: skip
+        else:
+            token = tokens.revoke_token(db, token_id=args.id, actor=actor)
+            print(f"revoked token {token.id} {token.name}")
+
+
+def new_password() -> str | None:
+    """The new user's password: from RANKBOARD_NEW_PASSWORD, else asked for at a terminal; None: make one."""
+    if NEW_PASSWORD_ENV in os.environ:
+        return os.environ[NEW_PASSWORD_ENV]
+    if not sys.stdin.isatty():
+        return None
+    password = getpass.getpass("password (empty: make one): ")
+    if password and getpass.getpass("again: ") != password:
+        raise RankboardError("the two passwords differ")
+    return password or None
+
+
+def table(rows: list[tuple[Any, ...]]) -> None:
+    for row in rows:
+        print("  ".join(str(cell) for cell in row))
 
 
 def serve_app(settings: Settings) -> int:
     import uvicorn
 
+    from app.auth.guard import refuse_bind
     from app.main import create_app
 
     try:
@@ -47,13 +149,19 @@ def serve_app(settings: Settings) -> int:
     except SchemaMismatch as exc:
         print(f"rankboard: {exc.message}", file=sys.stderr)
         return 1
+    refusal = refuse_bind(settings, auth_on=app.state.auth.on)
+    if refusal is not None:
+        print(f"rankboard: {refusal}", file=sys.stderr)
+        return 2
     print(
         f"Rankboard on http://{settings.host}:{settings.port}  (data: {settings.data_dir}, "
         f"shared: {settings.shared}{' [fallback]' if settings.shared_dir_is_fallback else ''})",
         flush=True,
     )
     # One worker: uvicorn with several leaves Nagle on and stalls kept-alive requests ~44 ms (Kludex/uvicorn#3149).
-    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info")
+    # No proxy headers: uvicorn would take the client's address from X-Forwarded-For of anyone on 127.0.0.1, and
+    # the guard believes X-Forwarded-User only from the proxy's own address (RANKBOARD_TRUSTED_PROXY).
+    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info", proxy_headers=False)
     return 0
 
 

@@ -14,6 +14,8 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
 
+from app.auth.policy import Caller
+from app.errors import NotAuthenticated
 from app.folders import RunFolders
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
@@ -42,8 +44,17 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+async def get_caller(request: Request) -> Caller:
+    """Who sent the request, as app.auth.guard resolved it (LOCAL while authentication is off)."""
+    caller = getattr(request.state, "caller", None)
+    if caller is None:  # a public route (app.auth.policy.PUBLIC) has no caller: it must not ask for one
+        raise NotAuthenticated("log in first")
+    return caller
+
+
 SessionDep = Annotated[Session, Depends(get_db)]
 LauncherDep = Annotated[LocalLauncher, Depends(get_launcher)]
 FoldersDep = Annotated[RunFolders, Depends(get_folders)]
 LaunchersDep = Annotated[Launchers, Depends(get_launchers)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+CallerDep = Annotated[Caller, Depends(get_caller)]

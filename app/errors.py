@@ -92,3 +92,49 @@ class SeriesNotFound(RankboardError):
 
     def __init__(self, run_id: int, key: str) -> None:
         super().__init__(f"run {run_id} has no metric {key!r}")
+
+
+class NotAuthenticated(RankboardError):
+    """No valid credentials: log in, or send `Authorization: Bearer <token>`."""
+
+    status_code = 401
+
+
+class NotAllowed(RankboardError):
+    """The caller's role may not do this."""
+
+    status_code = 403
+
+
+class LoginThrottled(RankboardError):
+    """Too many failed logins for this name or address: wait `retry_after` seconds."""
+
+    status_code = 429
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many failed logins; try again in {retry_after} s")
+        self.retry_after = retry_after
+
+
+class UserNotFound(RankboardError):
+    """No user has that name."""
+
+    status_code = 404
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no user is named {name!r}")
+
+
+class TokenNotFound(RankboardError):
+    """No API token has that id."""
+
+    status_code = 404
+
+    def __init__(self, token_id: int) -> None:
+        super().__init__(f"API token {token_id} does not exist")
+
+
+class Conflict(RankboardError):
+    """The change would clash with what is stored: a user name taken, the last admin removed."""
+
+    status_code = 409

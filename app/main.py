@@ -13,18 +13,22 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
-from app import __version__, logs_pages, pages
+from app import __version__, logs_pages, pages, users_pages
 from app.api import charts as charts_api
 from app.api import files as files_api
-from app.api import health
+from app.api import guarded, health
 from app.api import host as host_api
 from app.api import runs as runs_api
+from app.api import users as users_api
+from app.auth.guard import AuthSwitch, Guard
+from app.auth.throttle import LoginThrottle
 from app.db import make_engine, make_sessionmaker, prepare_schema
-from app.errors import FieldInvalid, FormInvalid, RankboardError
+from app.errors import FieldInvalid, FormInvalid, LoginThrottled, RankboardError
 from app.folders import RunFolders
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.launcher.slurm import SlurmLauncher, slurm_available
+from app.services import users
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
 from app.settings import Settings
@@ -53,6 +57,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         stall_after=settings.stall_after_s,
     )  # fmt: skip
     host_sampler = HostSampler()  # NVML opened on the first look at the Host page, once for the app
+    with sessions() as db:
+        users.ensure_first_admin(db, settings=settings)
+    switch = AuthSwitch(sessions, settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -75,14 +82,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.supervisor, app.state.templates = supervisor, make_templates()
     app.state.host_sampler = host_sampler
     app.state.run_fragments = SharedFragments()
+    app.state.auth = switch
+    app.state.login_throttle = LoginThrottle(limit=settings.login_attempts, window_s=settings.login_window_s)
+    app.add_middleware(Guard, settings=settings, sessions=sessions, switch=switch, refuse=_error_response)
     app.add_exception_handler(RankboardError, _error_response)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     app.include_router(health.router)
-    app.include_router(host_api.router)
-    app.include_router(runs_api.router)
-    app.include_router(charts_api.router)
-    app.include_router(files_api.router)
-    app.include_router(logs_pages.router)  # the run page's log panel and the logs API
+    app.include_router(host_api.router, responses=guarded())
+    app.include_router(runs_api.router, responses=guarded())
+    app.include_router(charts_api.router, responses=guarded())
+    app.include_router(files_api.router, responses=guarded())
+    app.include_router(logs_pages.router, responses=guarded())  # the run page's log panel and the logs API
+    app.include_router(users_api.router, responses=guarded())
+    app.include_router(users_pages.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
@@ -93,6 +105,8 @@ def _error_response(request: Request, exc: RankboardError) -> Response:
     was: path, query, header or body), else as a page."""
     if not request.url.path.startswith("/api"):
         return pages.error_page(request, exc)
+    if isinstance(exc, LoginThrottled):
+        return JSONResponse({"detail": exc.message}, exc.status_code, headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, FieldInvalid):
         errors = {exc.field: exc.message}
     elif isinstance(exc, FormInvalid):

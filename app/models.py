@@ -1,4 +1,5 @@
-"""The stored things: runs, their lifecycle events, and their metric series and points.
+"""The stored things: runs, their lifecycle events, their metric series and points; users, their sessions and API
+tokens, and the audit trail of who did what.
 
 The schema itself comes only from Alembic migrations (`migrations/`); these classes describe it to SQLAlchemy.
 """
@@ -135,6 +136,7 @@ class Run(Base):
     slurm_requeue: Mapped[bool] = mapped_column(default=False)
     slurm_max_requeues: Mapped[int] = mapped_column(Integer, default=1)
 
+    created_by: Mapped[str | None] = mapped_column(String(200))  # who asked for it (an Actor's name); None: before 0009
     # The trainer proves who it is with a token made for each launch; only its hash is kept.
     token_hash: Mapped[str | None] = mapped_column(String(64))
 
@@ -169,6 +171,7 @@ class Run(Base):
     events: Mapped[list[RunEvent]] = relationship(
         back_populates="run", order_by="RunEvent.id", cascade="all, delete-orphan", passive_deletes=True
     )
+    audit: Mapped[list[AuditEntry]] = relationship(order_by="AuditEntry.id", viewonly=True)
 
     @property
     def folder(self) -> str:
@@ -256,3 +259,75 @@ class MetricTier(Base):
     min_value: Mapped[float | None] = mapped_column(Float)
     max_value: Mapped[float | None] = mapped_column(Float)
     last_step: Mapped[int] = mapped_column(STEP_TYPE)
+
+
+class Role(str, enum.Enum):
+    """What a user may do: a viewer reads everything; an operator also starts, stops, resumes and deletes; an admin
+    also manages users and tokens. Ordered: each role may do all that the ones before it may."""
+
+    viewer = "viewer"
+    operator = "operator"
+    admin = "admin"
+
+    def allows(self, needed: Role) -> bool:
+        return ROLE_ORDER.index(self) >= ROLE_ORDER.index(needed)
+
+
+ROLE_ORDER = (Role.viewer, Role.operator, Role.admin)
+ROLE_TYPE = Enum(Role, native_enum=False, length=16, validate_strings=True)
+
+
+class User(Base):
+    """A person who logs in; `password_hash` is scrypt's, with its parameters and salt (app.auth.passwords)."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[Role] = mapped_column(ROLE_TYPE)
+    password_hash: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class LoginSession(Base):
+    """A browser's login: the cookie holds a random id, this table only its SHA-256."""
+
+    __tablename__ = "login_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class ApiToken(Base):
+    """A bearer token for automation; only its SHA-256 is kept. `user_id` is who made it (None: made from the CLI)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[Role] = mapped_column(ROLE_TYPE)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    last_used_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    user: Mapped[User | None] = relationship(lazy="joined")
+
+
+class AuditEntry(Base):
+    """Who did what, and when: a run created, stopped, resumed, its checkpoints deleted; users and tokens managed."""
+
+    __tablename__ = "audit_entries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(32))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    detail: Mapped[str] = mapped_column(Text, default="")

@@ -6,12 +6,11 @@ from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from app.deps import FoldersDep, LaunchersDep, SessionDep, SettingsDep
-from app.errors import FieldInvalid, FormInvalid, RankboardError
+from app.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
+from app.errors import FieldInvalid, FormInvalid, LoginThrottled, RankboardError
 from app.folders import RunFolders
 from app.forms import as_form_text, parse_run_form, run_form_groups
 from app.launcher.launchers import Launchers
@@ -32,11 +31,17 @@ def templates_of(request: Request) -> Jinja2Templates:
     return request.app.state.templates
 
 
-def page(request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> HTMLResponse:
+def page(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200, headers: dict[str, str] | None = None
+) -> HTMLResponse:
     settings = request.app.state.settings
+    caller = getattr(request.state, "caller", None)  # None on the public pages: the login page, a refusal
     base = {"settings": settings, "shared_dir": settings.shared, "shared_fallback": settings.shared_dir_is_fallback,
-            "disk": storage.disk_usage(settings.shared)}  # fmt: skip
-    return templates_of(request).TemplateResponse(request, name, {**base, **context}, status_code=status_code)
+            "disk": storage.disk_usage(settings.shared), "caller": caller,
+            "csrf_token": caller.csrf if caller else None}  # fmt: skip
+    return templates_of(request).TemplateResponse(
+        request, name, {**base, **context}, status_code=status_code, headers=headers
+    )
 
 
 async def form_values(request: Request) -> dict[str, str]:
@@ -107,10 +112,15 @@ def new_run_form(
 
 @router.post("/runs")
 def create_run(
-    db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep, values: FormValues
+    db: SessionDep,
+    settings: SettingsDep,
+    folders: FoldersDep,
+    launchers: LaunchersDep,
+    values: FormValues,
+    caller: CallerDep,
 ) -> Response:
     spec = parse_run_form(values)
-    run = runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers)
+    run = runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=caller.name)
     return RedirectResponse(f"/runs/{run.id}", status_code=303)
 
 
@@ -131,9 +141,10 @@ def stop_run(
     db: SessionDep,
     launchers: LaunchersDep,
     folders: FoldersDep,
+    caller: CallerDep,
     hx: HtmxRequest = None,
 ) -> Response:
-    run = runs.stop_run(db, run_id=run_id, launchers=launchers)
+    run = runs.stop_run(db, run_id=run_id, launchers=launchers, actor=caller.name)
     if hx:
         context = run_context(run, folders, request.app.state.settings)
         return HTMLResponse(render_block(templates_of(request), "run.html", "status", context))
@@ -141,8 +152,8 @@ def stop_run(
 
 
 @router.post("/runs/{run_id}/resume")
-def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep) -> Response:
-    runs.resume_run(db, run_id=run_id, folders=folders)
+def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> Response:
+    runs.resume_run(db, run_id=run_id, folders=folders, actor=caller.name)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
@@ -153,10 +164,12 @@ def delete_checkpoints(
     db: SessionDep,
     folders: FoldersDep,
     settings: SettingsDep,
+    caller: CallerDep,
     name: CheckpointNames = None,
 ) -> Response:
-    run = runs.get_run(db, run_id=run_id)
-    checkpoints.delete_checkpoints(run, names=name, dry_run=False, folders=folders)
+    run, _deletion = checkpoints.delete_run_checkpoints(
+        db, run_id=run_id, names=name, dry_run=False, folders=folders, actor=caller.name
+    )
     return HTMLResponse(render_block(templates_of(request), "run.html", "files", run_context(run, folders, settings)))
 
 
@@ -186,13 +199,11 @@ def inspect_page(request: Request, path: SharedPath) -> Response:
 def api_docs(request: Request) -> HTMLResponse:
     """The API's interactive documentation, from this server's own copy of Swagger UI: clusters often have no
     internet, and FastAPI's default page loads it from a CDN (a blank page there)."""
-    return get_swagger_ui_html(
-        openapi_url=request.app.openapi_url,
-        title=f"{request.app.title} API",
-        swagger_js_url=f"/static/vendor/swagger-ui-{SWAGGER_UI}-bundle.js",
-        swagger_css_url=f"/static/vendor/swagger-ui-{SWAGGER_UI}.css",
-        swagger_favicon_url="/static/favicon.svg",
-    )
+    # Our own page rather than FastAPI's get_swagger_ui_html: its inline script is refused by the CSP.
+    caller = getattr(request.state, "caller", None)
+    context = {"openapi_url": request.app.openapi_url, "title": f"{request.app.title} API", "version": SWAGGER_UI,
+               "csrf_token": caller.csrf if caller else None}  # fmt: skip
+    return templates_of(request).TemplateResponse(request, "docs.html", context)
 
 
 @router.get("/runs/{run_id}/stream")
@@ -255,8 +266,12 @@ def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, 
 
 
 def error_page(request: Request, exc: RankboardError) -> Response:
-    """A domain error as the form again (field errors on a form post), an htmx fragment, or a page."""
+    """A domain error as the form again (field errors on a form post; a failed login), an htmx fragment, or a page."""
     values = getattr(request.state, "form_values", None)
+    if request.url.path == "/login" and values is not None:
+        context = {"next": values.get("next", "/"), "name": values.get("name", ""), "error": exc.message}
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, LoginThrottled) else {}
+        return page(request, "login.html", context, exc.status_code, headers=headers)
     if values is not None and isinstance(exc, (FormInvalid, FieldInvalid)):
         errors = exc.errors if isinstance(exc, FormInvalid) else {exc.field: exc.message}
         launchers = request.app.state.launchers

@@ -62,3 +62,7 @@ LogStreamQuery = Annotated[Literal["stdout", "stderr"], Query(description="Which
 LogLines = Annotated[int, Query(ge=1, le=5000, description="How many of the last lines.")]
 OutputLines = Annotated[int, Query(ge=1, le=1000, description="How many of the last lines of each.")]
 LogFilter = Annotated[str, Query(max_length=200, description="Case-insensitive substring.")]
+
+UserName = Annotated[str, Path(min_length=1, max_length=64, description="A user's name.")]
+TokenId = Annotated[int, Path(ge=1, le=INT32_MAX, description="An API token's id, from the list of tokens.")]
+NextPage = Annotated[str, Query(max_length=2000, description="Where to go after logging in: a path of this server.")]

@@ -188,6 +188,17 @@ class RunEventOut(BaseModel):
     reason: str
 
 
+class AuditOut(BaseModel):
+    """Who did what to a run, and when: created, stopped, resumed, deleted checkpoints."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    at: datetime
+    actor: str = Field(description="A user's name; 'NAME (token T)' for an API token; 'local' with authentication off.")
+    action: str
+    detail: str
+
+
 class RunOut(BaseModel):
     """A run as the API shows it."""
 
@@ -256,10 +267,12 @@ class RunOut(BaseModel):
     job_reason: str | None = Field(description="Why Slurm keeps the job waiting (Resources, Priority, BeginTime).")
     node_list: str | None = Field(description="The nodes Slurm gave the job.")
     attempt: int = Field(description="1 once launched; each requeue after Slurm's time-limit warning adds one.")
+    created_by: str | None = Field(default=None, description="Who created the run (None: before it was recorded).")
 
 
 class RunDetail(RunOut):
     events: list[RunEventOut]
+    audit: list[AuditOut] = Field(description="Who created, stopped, resumed it, or deleted its checkpoints.")
 
 
 class RunPage(BaseModel):

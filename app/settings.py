@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_SHARED_DIR = Path("/mnt/shared")
+# A list setting: from the environment, comma-separated (RANKBOARD_ALLOWED_HOSTS=a.example,b.example).
+Names = Annotated[list[str], NoDecode]
 
 
 class Settings(BaseSettings):
@@ -52,7 +55,40 @@ class Settings(BaseSettings):
         "in for several nodes (tests).",
     )
     slurm_poll_s: float = Field(default=2.0, gt=0, description="How often squeue is asked about live Slurm runs.")
+    allowed_hosts: Names = Field(
+        default_factory=list,
+        description="Host names this server answers to besides 127.0.0.1, localhost and [::1] (and the bind address, "
+        "this machine's name when bound to all addresses, public_url's host); '*' turns the check off.",
+    )
+    admin_password: SecretStr | None = Field(
+        default=None,
+        description="At start, with no user yet, an admin named admin_user is made with this password: this turns "
+        "authentication on.",
+    )
+    admin_user: str = Field(default="admin", description="The first-start admin's name (see admin_password).")
+    trusted_proxy: Names = Field(
+        default_factory=list,
+        description="Addresses of an authenticating reverse proxy: only from these is X-Forwarded-User (or "
+        "Remote-User) believed. Setting it turns authentication on.",
+    )
+    proxy_role: Literal["viewer", "operator", "admin"] = Field(
+        default="viewer", description="The role of a proxy-named user who is not one of this server's users."
+    )
+    session_idle_s: float = Field(default=8 * 3600, gt=0, description="A login ends after this long unused.")
+    session_max_s: float = Field(default=7 * 24 * 3600, gt=0, description="A login ends this long after it began.")
+    login_attempts: int = Field(default=5, ge=1, description="Failed logins allowed per name (and 4x per address)...")
+    login_window_s: float = Field(default=300.0, gt=0, description="...within this many seconds; then 429 until then.")
     _shared_fallback: bool = PrivateAttr(default=False)
+
+    @field_validator("allowed_hosts", "trusted_proxy", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+    @field_validator("admin_password", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value  # an unset variable passed on as empty (docker-compose)
 
     @field_validator("data_dir", "shared_dir", "scripts_dir")
     @classmethod
@@ -84,6 +120,11 @@ class Settings(BaseSettings):
         return [self.shared, *([self.scripts_dir] if self.scripts_dir else [])]
 
     @property
+    def binds_loopback(self) -> bool:
+        """True when only this machine can reach the server: bound to a loopback address."""
+        return is_loopback(self.host)
+
+    @property
     def sqlalchemy_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'rankboard.db'}"
 
@@ -93,3 +134,14 @@ class Settings(BaseSettings):
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{host}:{self.port}"
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and the loopback addresses (127.0.0.0/8, ::1), bracketed or not."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

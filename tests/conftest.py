@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from app.launcher import processes
 from app.main import create_app
 from app.settings import Settings
 from tests.live import LiveServer, run_processes
+
+# FastAPI's TestClient sends `Host: testserver`; the server answers only to the names it is told (app.auth.guard).
+os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")
 
 
 @pytest.fixture

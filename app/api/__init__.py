@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import RankboardError
+from app.errors import NotAllowed, NotAuthenticated, RankboardError
 from app.schemas import ErrorOut
 
 
@@ -28,3 +28,8 @@ def documented(*errors: type[RankboardError]) -> dict[int | str, dict[str, Any]]
 UNREADABLE_BODY: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut, "description": "The body is not UTF-8 text."}
 }
+
+
+def guarded() -> dict[int | str, dict[str, Any]]:
+    """What app.auth.guard may answer before any route runs, for the routes that need a caller."""
+    return documented(NotAuthenticated, NotAllowed)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api import UNREADABLE_BODY, documented
-from app.deps import FoldersDep, LaunchersDep, SessionDep, SettingsDep
+from app.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound
 from app.models import Run, RunStatus
 from app.params import (
@@ -52,9 +52,14 @@ async def trainer_token(credentials: Annotated[HTTPAuthorizationCredentials | No
 @router.post("", status_code=201, response_model=RunDetail, responses={**documented(FieldInvalid), **UNREADABLE_BODY},
              summary="Create a run; it starts when it fits")  # fmt: skip
 def create_run(
-    spec: RunCreate, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep
+    spec: RunCreate,
+    db: SessionDep,
+    settings: SettingsDep,
+    folders: FoldersDep,
+    launchers: LaunchersDep,
+    caller: CallerDep,
 ) -> Run:
-    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers)
+    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=caller.name)
 
 
 @router.get("", response_model=RunPage, summary="List runs, newest first")
@@ -84,15 +89,15 @@ def run_health(run_id: RunId, db: SessionDep, settings: SettingsDep) -> health.H
 
 @router.post("/{run_id}/stop", status_code=202, response_model=RunDetail,
              responses=documented(RunNotFound, RunNotActive), summary="Stop a run gracefully")  # fmt: skip
-def stop_run(run_id: RunId, db: SessionDep, launchers: LaunchersDep) -> Run:
-    return runs.stop_run(db, run_id=run_id, launchers=launchers)
+def stop_run(run_id: RunId, db: SessionDep, launchers: LaunchersDep, caller: CallerDep) -> Run:
+    return runs.stop_run(db, run_id=run_id, launchers=launchers, actor=caller.name)
 
 
 @router.post("/{run_id}/resume", status_code=202, response_model=RunDetail,
              responses=documented(RunNotFound, RunNotActive),
              summary="Resume a stopped, failed or lost run from its newest snapshot, as the same run")  # fmt: skip
-def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep) -> Run:
-    return runs.resume_run(db, run_id=run_id, folders=folders)
+def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> Run:
+    return runs.resume_run(db, run_id=run_id, folders=folders, actor=caller.name)
 
 
 @router.get("/{run_id}/metrics", responses=documented(RunNotFound), summary="The metric keys a run has reported")
@@ -157,11 +162,14 @@ def delete_checkpoints(
     run_id: RunId,
     db: SessionDep,
     folders: FoldersDep,
+    caller: CallerDep,
     name: CheckpointNames = None,
     dry_run: bool = False,
 ) -> Deletion:
-    run = runs.get_run(db, run_id=run_id)
-    return checkpoints.delete_checkpoints(run, names=name, dry_run=dry_run, folders=folders)
+    _run, deletion = checkpoints.delete_run_checkpoints(
+        db, run_id=run_id, names=name, dry_run=dry_run, folders=folders, actor=caller.name
+    )
+    return deletion
 
 
 @router.get("/{run_id}/output", responses=documented(RunNotFound),

@@ -14,12 +14,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.errors import FieldInvalid, NotACheckpoint, PathNotFound, PathOutsideRoot, RunNotActive
+from app.errors import FieldInvalid, NotACheckpoint, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
 from app.folders import RunFolders
 from app.humanize import size as size_text
 from app.models import Run
 from app.schemas import CheckpointOut, CheckpointRemoval, Deletion, Inspection, RunCreate
 from app.services import storage
+from app.store import audit
 from app.store import runs as run_store
 from trainer import wire
 
@@ -159,6 +160,20 @@ def delete_checkpoints(run: Run, *, names: list[str] | None, dry_run: bool, fold
             (folder / name).unlink(missing_ok=True)
             (folder / wire.sidecar_name(name)).unlink(missing_ok=True)
     return Deletion(files=chosen, freed=freed, deleted=not dry_run)
+
+
+def delete_run_checkpoints(
+    db: Session, *, run_id: int, names: list[str] | None, dry_run: bool, folders: RunFolders, actor: str
+) -> tuple[Run, Deletion]:
+    """`delete_checkpoints` of a run by its id, and in its audit trail who deleted which (a dry run deletes none)."""
+    with db.begin():
+        run = run_store.get_run(db, run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        deletion = delete_checkpoints(run, names=names, dry_run=dry_run, folders=folders)
+        if deletion.deleted and deletion.files:
+            audit.record(db, actor=actor, action="deleted checkpoints", run_id=run_id, detail=", ".join(deletion.files))
+    return run, deletion
 
 
 def inspect(root: Path, relative: str) -> Inspection:

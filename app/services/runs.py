@@ -20,6 +20,7 @@ from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
 from app.services import checkpoints, files, health, metrics, storage
 from app.settings import Settings
+from app.store import audit
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 from trainer import wire
@@ -46,7 +47,9 @@ def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int)
     return run_store.list_runs(db, status=status, limit=limit, offset=offset)
 
 
-def create_run(db: Session, *, spec: RunCreate, settings: Settings, folders: RunFolders, launchers: Launchers) -> Run:
+def create_run(
+    db: Session, *, spec: RunCreate, settings: Settings, folders: RunFolders, launchers: Launchers, actor: str = "local"
+) -> Run:
     """Stores a new run in `queued`; the supervisor starts it when its processes fit on this host, or submits it to
     Slurm at once (Slurm queues it)."""
     if spec.launcher == "slurm":
@@ -61,9 +64,11 @@ def create_run(db: Session, *, spec: RunCreate, settings: Settings, folders: Run
             script = checked_script(settings.script_roots, spec.script)
             spec = spec.model_copy(update={"script": script, "workload": SCRIPT_WORKLOAD})
         checkpoints.check_disk_room(db, spec, folders=folders)
-        run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="")
+        run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="",
+                  created_by=actor)  # fmt: skip
         db.add(run)
         db.flush()
+        audit.record(db, actor=actor, action="created", run_id=run.id)
         waits_for = "submission to Slurm" if run.launcher == "slurm" else "free process slots"
         run_store.set_status(db, run, RunStatus.queued, f"created; waiting for {waits_for}")
     return run
@@ -123,7 +128,7 @@ def checked_script(roots: Sequence[Path], script: str) -> str:
     return str(resolved)
 
 
-def resume_run(db: Session, *, run_id: int, folders: RunFolders) -> Run:
+def resume_run(db: Session, *, run_id: int, folders: RunFolders, actor: str = "local") -> Run:
     """Queues a stopped, failed or lost run again: it continues as the same run from its newest snapshot."""
     with db.begin():
         run = get_run(db, run_id=run_id)
@@ -138,15 +143,17 @@ def resume_run(db: Session, *, run_id: int, folders: RunFolders) -> Run:
         run.restarts = 0
         where = f"from {snapshot}" if snapshot else "(its script resumes itself)"
         run_store.set_status(db, run, RunStatus.queued, f"resume requested: continues {where}")
+        audit.record(db, actor=actor, action="resumed", run_id=run.id)
     return run
 
 
-def stop_run(db: Session, *, run_id: int, launchers: Launchers) -> Run:
+def stop_run(db: Session, *, run_id: int, launchers: Launchers, actor: str = "local") -> Run:
     """Asks a run to stop: a queued run stops at once, a live one gets SIGTERM and a grace period."""
     with db.begin():
         run = get_run(db, run_id=run_id)
         if run.status.is_final:
             raise RunNotActive(f"run {run_id} already ended ({run.status.value})")
+        audit.record(db, actor=actor, action="stopped", run_id=run.id)
         if run.status == RunStatus.queued and run.job_id is None:
             run.finished_at = utcnow()
             run_store.set_status(db, run, RunStatus.stopped, "stopped before it started")

@@ -417,7 +417,14 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/api/files/download": checkpoint_file(download),
     "/api/files/inspect": checkpoint_file(inspect_api),
     "/openapi.json": holds(lambda answer: "/api/runs/{run_id}" in answer.json()["paths"]),
-    "/docs": holds(lambda answer: "SwaggerUIBundle" in answer.text and "/openapi.json" in answer.text),
+    "/docs": holds(lambda answer: "/static/docs.js" in answer.text and 'data-openapi="/openapi.json"' in answer.text),
+    # With authentication off (no user): everyone is the local user; the login page leads to the dashboard.
+    "/login": holds(lambda answer: answer.response.url.path == "/" and "<h1>Runs" in answer.text),
+    "/users": holds(lambda answer: "<h1>Users</h1>" in answer.text and "Add a user" in answer.text),
+    "/tokens": holds(lambda answer: "No tokens yet." in answer.text and "Make a token" in answer.text),
+    "/api/me": holds(lambda answer: answer.json() == {"name": "local", "role": "admin", "via": "local"}),
+    "/api/users": holds(lambda answer: answer.json() == []),
+    "/api/tokens": holds(lambda answer: answer.json() == []),
 }
 
 # Besides a plain GET, what the pages ask each route for: query parameters, and the fragment's target (`_target`,

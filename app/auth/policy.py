@@ -1,0 +1,49 @@
+"""The one place that says who a request's caller is and which role each request needs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from app.models import Role
+
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Open to anyone: the login page, the static files (vendored scripts and styles), the health check start-up scripts
+# wait on, and the trainer's ingest, which proves itself with its run's own token (checked by the route).
+PUBLIC = re.compile(r"^/(login|static/.*|api/health|favicon\.ico)$")
+INGEST = re.compile(r"^/api/runs/\d+/metrics$")
+ADMIN_ONLY = re.compile(r"^(/api)?/(users|tokens)(/.*)?$")
+ANY_USER_MAY_POST = frozenset({"/logout"})
+
+Via = Literal["local", "session", "token", "proxy"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: `name` is what the audit trail records; `user` the user it acts for (None: no one logged
+    in, or a token made for no user); `csrf` is the session's token (sessions only)."""
+
+    name: str
+    role: Role
+    via: Via
+    user: str | None = None
+    csrf: str | None = None
+
+
+# With no user configured the server listens on loopback only, and whoever reaches it may do everything, as before.
+LOCAL = Caller("local", Role.admin, "local")
+
+
+def is_public(method: str, path: str) -> bool:
+    """True for what needs no login."""
+    return bool(PUBLIC.match(path)) or (method == "POST" and bool(INGEST.match(path)))
+
+
+def needed_role(method: str, path: str) -> Role:
+    """Managing users and tokens needs an admin; any other change an operator; reading, a viewer."""
+    if ADMIN_ONLY.match(path):
+        return Role.admin
+    if method in UNSAFE_METHODS and path not in ANY_USER_MAY_POST:
+        return Role.operator
+    return Role.viewer
