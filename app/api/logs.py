@@ -43,7 +43,9 @@ class TailOut(BaseModel):
 
 
 class DiagnosisOut(BaseModel):
-    kind: str = Field(description="cuda_oom, nccl_timeout, no_space, not_torchrun, address_in_use or exception.")
+    kind: str = Field(description="slurm_oom, slurm_node_failure, slurm_time_limit, slurm_preempted, "
+                      "slurm_cancelled (Slurm's lines in its output file), cuda_oom, nccl_timeout, no_space, "
+                      "not_torchrun, address_in_use or exception.")  # fmt: skip
     title: str
     cause: str
     advice: str
