@@ -27,6 +27,7 @@ from app.launcher.interface import JobView, Launch, LaunchRefused, Requeue
 from app.launcher.local import EXIT_FILE, WORKER_FAILURE, describe_failure, read_exit_code
 from app.models import Run, RunStatus
 from app.settings import Settings
+from trainer import wire
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,13 @@ ENDINGS: dict[str, tuple[RunStatus, str]] = {
     "DEADLINE": (RunStatus.failed, f"Slurm's deadline for the job passed; {RESUME_HINT}"),
 }
 
-# Runs in each task (bash -c), so that SLURM_PROCID is that task's: only task 0's agent hosts the c10d store.
-AGENT = 'exec "$0" -m torch.distributed.run --rdzv-conf=is_host=$(( SLURM_PROCID == 0 ? 1 : 0 )) "$@"'
+AGENT_LOGS = "agent"  # each agent's --log-dir: <run>/ranks/agent<SLURM_PROCID>, so that its ranks' folders differ
+# Runs in each task (bash -c), so that SLURM_PROCID is that task's: only task 0's agent hosts the c10d store, and each
+# agent writes its ranks' logs into a folder of its own (the run folder comes in the job's environment).
+AGENT = (
+    'exec "$0" -m torch.distributed.run --rdzv-conf=is_host=$(( SLURM_PROCID == 0 ? 1 : 0 )) '
+    f'--log-dir="${{{wire.ENV_RUN_DIR}:?}}/ranks/{AGENT_LOGS}$SLURM_PROCID" "$@"'
+)
 # Trap 4 of the Slurm notes: a signal to the batch shell runs its trap only once the foreground command returns, so
 # srun runs in the background and the shell waits until it is really gone.
 WAIT_FOR_SRUN = 'SRUN=$!\nwhile :; do wait "$SRUN"; rc=$?; kill -0 "$SRUN" 2>/dev/null || break; done'
@@ -149,7 +155,7 @@ def agent_arguments(run: Run, folders: RunFolders, *, grace_s: int) -> list[str]
         "--rdzv-endpoint=$HEAD:$PORT", "--rdzv-id=$SLURM_JOB_ID",
         # torchrun SIGKILLs its workers 30 s after passing a signal on, unless told to wait as long as the grace.
         f"--signals-to-handle={SIGNALS}", f"--shutdown-timeout={grace_s}",
-        "--log-dir", str(folders.run_dir(run) / "ranks"), "--redirects", "3",
+        "--redirects", "3",  # into each agent's own --log-dir, which AGENT names
         "--max-restarts", str(run.max_restarts), *program.trainer_program(run, folders),
     ]  # fmt: skip
 

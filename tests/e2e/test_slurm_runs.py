@@ -49,7 +49,17 @@ def test_a_two_agent_run_succeeds_with_every_step_once_and_a_loadable_checkpoint
         assert [s for s, _ in steps] == list(range(1, done["total_steps"] + 1))  # every step, exactly once
         checkpoints = api.get(f"/api/runs/{run['id']}/checkpoints").json()
         page = api.get(f"/runs/{run['id']}").text
+        files = api.get(f"/api/runs/{run['id']}/logs").json()
+        rank_1 = api.get(f"/api/runs/{run['id']}/logs/1/stdout").json()["lines"]
     assert checkpoints and checkpoints[-1]["step"] == done["total_steps"]
+    # Each agent's ranks, by the global rank the worker marked, and Slurm's own output file as the launcher's.
+    assert [(f["rank"], f["stream"], f["rank_guessed"]) for f in files] == [
+        (0, "stdout", False), (0, "stderr", False), (1, "stdout", False), (1, "stderr", False), (None, "stdout", False),
+    ], files  # fmt: skip
+    slurm_output = slurm_server.root / "shared" / "logs" / f"run-{run['id']}" / f"slurm-{done['job_id']}.out"
+    assert files[-1]["size"] == slurm_output.stat().st_size > 0
+    assert any(line.startswith("[rank 1] started") for line in rank_1), rank_1
+    assert not any(line.startswith("[rank 0]") for line in rank_1), rank_1
     state = torch.load(slurm_server.root / "shared" / checkpoints[-1]["path"], weights_only=True)
     assert state["step"] == done["total_steps"]
     assert "#SBATCH --ntasks-per-node=2" in page and "--rdzv-backend=c10d" in page  # the job script, on the page
