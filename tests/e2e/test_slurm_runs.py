@@ -56,8 +56,9 @@ def test_a_two_agent_run_succeeds_with_every_step_once_and_a_loadable_checkpoint
     assert [(f["rank"], f["stream"], f["rank_guessed"]) for f in files] == [
         (0, "stdout", False), (0, "stderr", False), (1, "stdout", False), (1, "stderr", False), (None, "stdout", False),
     ], files  # fmt: skip
-    slurm_output = slurm_server.root / "shared" / "logs" / f"run-{run['id']}" / f"slurm-{done['job_id']}.out"
-    assert files[-1]["size"] == slurm_output.stat().st_size > 0
+    run_dir = slurm_server.root / "shared" / "logs" / f"run-{run['id']}"
+    slurm_output = run_dir / f"slurm-{done['job_id']}.out"  # empty when all went well: torchrun had nothing to say
+    assert files[-1]["size"] == slurm_output.stat().st_size and not (run_dir / "launcher.log").exists()
     assert any(line.startswith("[rank 1] started") for line in rank_1), rank_1
     assert not any(line.startswith("[rank 0]") for line in rank_1), rank_1
     state = torch.load(slurm_server.root / "shared" / checkpoints[-1]["path"], weights_only=True)
