@@ -1,4 +1,4 @@
-"""Failures explained: known causes recognised in the ranks' logs, with what to do about each.
+"""Failures explained: known causes recognised in the ranks' logs and the launcher's (Slurm's), with what to do.
 
 The wording follows the troubleshooting table of the DDP checklist. Only text is looked at here (the service reads
 the bounded tails of the files); nothing is guessed from the exit code alone. When several ranks fail, the first
@@ -46,7 +46,47 @@ class Pattern:
     advice: str
 
 
+# Slurm's own lines in the job's output file (slurmstepd's and srun's, as 22.05 writes them), first: when Slurm ended a
+# job, what the ranks and torchrun wrote as they died follows from it. "*** STEP n.0 ... CANCELLED AT t ***" with no
+# reason is left out: srun --kill-on-bad-exit writes it when another task failed, which the ranks' logs explain.
+SLURM_KILL = r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO "
 PATTERNS = [
+    Pattern(
+        "slurm_oom", "Out of memory on the node (Slurm)",
+        re.compile(r"Detected \d+ oom-kill event|oom-kill|OUT_OF_MEMORY|task \d+: Out Of Memory"),
+        "A process of the job used more host memory than Slurm allowed it (the job's memory limit or the node's), "
+        "and the kernel's out-of-memory killer ended it: often too many data-loader workers, or a dataset loaded "
+        "whole into memory by every rank.",
+        "Use fewer data-loader workers or a smaller batch, load the data lazily, or choose nodes with more memory "
+        "(another partition or constraint); then resume the run from its newest snapshot.",
+    ),
+    Pattern(
+        "slurm_node_failure", "Node failure (Slurm)",
+        re.compile(SLURM_KILL + "NODE FAILURE"),
+        "A node of the job stopped answering Slurm (hardware, network, or its slurmd died), so Slurm ended the job.",
+        "Resume the run from its newest snapshot; if it happens again on the same node, tell the cluster's "
+        "administrators and exclude the node.",
+    ),
+    Pattern(
+        "slurm_time_limit", "Time limit reached (Slurm)",
+        re.compile(SLURM_KILL + "TIME LIMIT"),
+        "The job ran past its time limit and Slurm ended it before the ranks could checkpoint.",
+        "Resume the run from its newest snapshot with a longer time limit, or allow requeues so that it checkpoints "
+        "and continues in a new job; checkpoint more often if a snapshot is far behind.",
+    ),
+    Pattern(
+        "slurm_preempted", "Preempted (Slurm)",
+        re.compile(SLURM_KILL + "PREEMPTION"),
+        "A job of higher priority needed the nodes, so Slurm preempted this one.",
+        "Resume the run from its newest snapshot, or submit it to a partition or QOS that is not preempted.",
+    ),
+    Pattern(
+        "slurm_cancelled", "Cancelled (Slurm)",
+        re.compile(r"\*\*\* JOB \S+ ON \S+ CANCELLED AT \S+ \*\*\*"),
+        "Someone cancelled the job with scancel: you, an administrator, or Rankboard itself when a stopped run's "
+        "ranks did not end within the grace period.",
+        "If you did not stop it, ask the cluster's administrators why; resume the run from its newest snapshot.",
+    ),
     Pattern(
         "cuda_oom", "CUDA out of memory",
         re.compile(r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError", re.IGNORECASE),

@@ -38,9 +38,11 @@ def panel_context(run: Run, *, folders: RunFolders) -> dict[str, Any]:
     found = logs.diagnoses(run, folders=folders)
     ranks = sorted({f.rank for f in files if f.rank is not None} | set(range(run.nproc_per_node)))
     first = next((d for d in found if d.rank is not None), None)  # open the log of the rank that failed first
+    launcher = logs.launcher_output(run, folders=folders)
     return {
         "run": run, "panel": True, "ranks": ranks, "sizes": {(f.rank_name, f.stream): f.size for f in files},
-        "has_launcher": any(f.rank is None for f in files), "diagnoses": found,
+        "guessed": {f.rank for f in files if f.rank_guessed}, "diagnoses": found,
+        "has_launcher": any(f.rank is None for f in files), "launcher_name": launcher.name if launcher else "",
         "explain": bool(found) or run.status in (RunStatus.failed, RunStatus.lost),
         "rank": first.rank if first else 0, "stream": "stderr" if first else "stdout",
     }  # fmt: skip

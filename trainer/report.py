@@ -491,3 +491,30 @@ def close(timeout: float = 10.0) -> None:
     """Send or spool everything queued and stop the reporter's thread; safe to call more than once."""
     if _default is not None:
         _default.close(timeout)
+
+
+def leave_rank_marker(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """Write this worker's ranks and node beside torchrun's error file (wire.RANK_MARKER); never raises.
+
+    The dashboard labels a multi-node run's log folders with it: torchrun names each folder by local rank, and c10d
+    gives agents their group rank in rendezvous order, so nothing outside the worker knows its global rank. A no-op
+    outside a dashboard run or without torchrun's --log-dir (no error file then).
+    """
+    error_file = environ.get("TORCHELASTIC_ERROR_FILE")
+    if not environ.get(wire.ENV_RUN_ID) or not error_file or "RANK" not in environ:
+        return None
+    marker = Path(error_file).parent / wire.RANK_MARKER
+    try:
+        body = {name.lower(): int(environ[name]) for name in ("RANK", "LOCAL_RANK", "GROUP_RANK") if name in environ}
+        with tempfile.NamedTemporaryFile("w", dir=marker.parent, prefix=f".{marker.name}.", delete=False) as file:
+            json.dump({**body, "node": socket.gethostname()}, file)
+        os.replace(file.name, marker)  # whole or not at all: the server may read it at any moment
+    except (OSError, ValueError) as error:  # only the label of a log is at stake: training goes on
+        _stderr(f"cannot leave the rank marker {marker}: {error}")
+        return None
+    return marker
+
+
+# At import, because every worker imports the client but some never call it (rank 1 of examples/ddp_train.py):
+# one small write, once per process.
+leave_rank_marker()

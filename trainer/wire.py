@@ -42,6 +42,10 @@ ENV_LAUNCH_ID = "RANKBOARD_LAUNCH_ID"  # unique per launch; finds every process 
 
 INGEST_PATH = "/api/runs/{run_id}/metrics"
 FINISHED_MARKER = "trainer-finished.json"  # rank 0 writes it in the run folder when training completed
+# Each worker's client leaves it beside torchrun's error file (<log dir>/<rdzv>_<random>/attempt_<n>/<local rank>/):
+# {"rank", "local_rank", "group_rank", "node"}. c10d numbers agents in rendezvous order, so only the worker itself
+# knows which global rank a folder of a multi-node run belongs to.
+RANK_MARKER = "rank.json"
 # The client's spool files in the run folder: one batch per line, exactly as it would have been posted.
 SPOOL_GLOB = "spool-*.jsonl"
 

@@ -23,12 +23,16 @@ A_LOG = {
 
 
 class LogFileOut(BaseModel):
-    """One log file: `rank` is null for the launcher's output (torchrun's agent; stdout and stderr together)."""
+    """One log file: `rank` is the global rank, null for the launcher's output (torchrun's agent on this host, or
+    Slurm's output file of the job; stdout and stderr together)."""
 
     rank: int | None
     stream: str
     size: int
-    attempt: int | None = Field(description="torchrun's restart attempt; the latest one is listed.")
+    attempt: int | None = Field(description="torchrun's restart attempt; each agent's latest one is listed.")
+    rank_guessed: bool = Field(description="True when the rank is taken from the agent's order, because the script "
+                               "does not import trainer.report (which says each log's global rank); on several "
+                               "nodes c10d may have numbered the ranks otherwise.")  # fmt: skip
     url: str = Field(description="Where its last lines are; add /download for the whole file.")
 
 
@@ -43,7 +47,9 @@ class TailOut(BaseModel):
 
 
 class DiagnosisOut(BaseModel):
-    kind: str = Field(description="cuda_oom, nccl_timeout, no_space, not_torchrun, address_in_use or exception.")
+    kind: str = Field(description="slurm_oom, slurm_node_failure, slurm_time_limit, slurm_preempted, "
+                      "slurm_cancelled (Slurm's lines in its output file), cuda_oom, nccl_timeout, no_space, "
+                      "not_torchrun, address_in_use or exception.")  # fmt: skip
     title: str
     cause: str
     advice: str
@@ -54,12 +60,14 @@ class DiagnosisOut(BaseModel):
 
 
 @router.get("/{run_id}/logs", response_model=list[LogFileOut], responses=documented(RunNotFound),
-            summary="A run's log files: each rank's and torchrun's")  # fmt: skip
+            summary="A run's log files: each rank's, and torchrun's or Slurm's")  # fmt: skip
 def list_logs(run_id: RunId, db: SessionDep, folders: FoldersDep) -> list[LogFileOut]:
     files = logs.log_files(runs.get_run(db, run_id=run_id), folders=folders)
     return [
-        LogFileOut(rank=f.rank, stream=f.stream, size=f.size, attempt=f.attempt, url=_url(run_id, f)) for f in files
-    ]
+        LogFileOut(rank=f.rank, stream=f.stream, size=f.size, attempt=f.attempt, rank_guessed=f.rank_guessed,
+                   url=_url(run_id, f))
+        for f in files
+    ]  # fmt: skip
 
 
 def _url(run_id: int, file: logs.LogFile) -> str:

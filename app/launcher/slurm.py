@@ -25,9 +25,10 @@ from pathlib import Path
 from app.folders import RunFolders
 from app.launcher import program
 from app.launcher.interface import JobView, Launch, LaunchRefused, Requeue
-from app.launcher.local import EXIT_FILE, WORKER_FAILURE, describe_failure, read_exit_code
+from app.launcher.local import EXIT_FILE, LAUNCH_MARKER, WORKER_FAILURE, describe_failure, read_exit_code
 from app.models import Run, RunStatus
 from app.settings import Settings
+from trainer import wire
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +63,13 @@ ENDINGS: dict[str, tuple[RunStatus, str]] = {
     "DEADLINE": (RunStatus.failed, f"Slurm's deadline for the job passed; {RESUME_HINT}"),
 }
 
-# Runs in each task (bash -c), so that SLURM_PROCID is that task's: only task 0's agent hosts the c10d store.
-AGENT = 'exec "$0" -m torch.distributed.run --rdzv-conf=is_host=$(( SLURM_PROCID == 0 ? 1 : 0 )) "$@"'
+AGENT_LOGS = "agent"  # each agent's --log-dir: <run>/ranks/agent<SLURM_PROCID>, so that its ranks' folders differ
+# Runs in each task (bash -c), so that SLURM_PROCID is that task's: only task 0's agent hosts the c10d store, and each
+# agent writes its ranks' logs into a folder of its own (the run folder comes in the job's environment).
+AGENT = (
+    'exec "$0" -m torch.distributed.run --rdzv-conf=is_host=$(( SLURM_PROCID == 0 ? 1 : 0 )) '
+    f'--log-dir="${{{wire.ENV_RUN_DIR}:?}}/ranks/{AGENT_LOGS}$SLURM_PROCID" "$@"'
+)
 # Trap 4 of the Slurm notes: a signal to the batch shell runs its trap only once the foreground command returns, so
 # srun runs in the background and the shell waits until it is really gone.
 WAIT_FOR_SRUN = 'SRUN=$!\nwhile :; do wait "$SRUN"; rc=$?; kill -0 "$SRUN" 2>/dev/null || break; done'
@@ -159,7 +165,7 @@ def agent_arguments(run: Run, folders: RunFolders, *, grace_s: int) -> list[str]
         "--rdzv-endpoint=$HEAD:$PORT", "--rdzv-id=$SLURM_JOB_ID",
         # torchrun SIGKILLs its workers 30 s after passing a signal on, unless told to wait as long as the grace.
         f"--signals-to-handle={SIGNALS}", f"--shutdown-timeout={grace_s}",
-        "--log-dir", str(folders.run_dir(run) / "ranks"), "--redirects", "3",
+        "--redirects", "3",  # into each agent's own --log-dir, which AGENT names
         "--max-restarts", str(run.max_restarts), *program.trainer_program(run, folders),
     ]  # fmt: skip
 
@@ -179,6 +185,8 @@ def job_script(run: Run, *, options: JobOptions, folders: RunFolders, python: st
         f"# Rankboard run {run.id}. The server submits it with the run's token in the job's environment.",
         *options.directives(),
         "set -uo pipefail",
+        # Where this attempt begins in the output file, which a requeued job appends to: diagnosis reads from here.
+        f'echo "{LAUNCH_MARKER}$SLURM_JOB_ID attempt $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) ---"',
         'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"  # srun in Slurm 22.05 does not inherit it',
         'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         # Never localhost: on several nodes, each agent would rendezvous with itself and wait forever.

@@ -7,7 +7,9 @@ read from an offset per poll. Files are found only through the run's own folder,
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +18,9 @@ from app.diagnose import Diagnosis, LogText, diagnose
 from app.errors import FieldInvalid, PathNotFound
 from app.folders import RunFolders
 from app.launcher.local import LAUNCHER_LOG, latest_launch
+from app.launcher.slurm import AGENT_LOGS, OUTPUT_FILE, SlurmLauncher
 from app.models import Run
+from trainer import wire
 
 STREAMS = ("stdout", "stderr")
 LAUNCHER = "launcher"  # the rank segment that names the launcher's own output
@@ -27,12 +31,15 @@ DIAGNOSE_BYTES = 256 * 1024  # the tail of each file that diagnosis looks at
 MAX_LINE_CHARS = 10_000  # a line longer than this (a progress bar without newlines) is cut for display
 assert 4 * MAX_LINE_CHARS <= BLOCK  # a tail keeps a block of a long line: enough for its shown characters
 DOWNLOAD_CHUNK = 256 * 1024
+MARKER_BYTES = 4096  # a rank marker is a line of JSON: a bigger file is not one
+# Slurm's stepd ends a job's output with this line when it requeues the job: what follows is the next attempt's.
+SLURM_REQUEUE = re.compile(r"^.*\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO JOB REQUEUE \*\*\*.*$", re.M)
 
 
 @dataclass(frozen=True)
 class LogFile:
-    """One log file of a run. `rank` is None for the launcher's output; ranks are torchrun's local ranks, which
-    are the global ranks on the single node the local launcher uses."""
+    """One log file of a run. `rank` is the global rank, None for the launcher's output (torchrun's on this host,
+    Slurm's output file of the job for a Slurm run)."""
 
     rank: int | None
     stream: str
@@ -40,6 +47,9 @@ class LogFile:
     modified: float
     attempt: int | None  # torchrun's restart attempt the file belongs to; None for the launcher's
     path: Path
+    # No rank marker (a script that does not import trainer.report) on a run of several agents: the rank is the
+    # agent's index times nproc_per_node plus the local rank, which c10d's rendezvous order need not follow.
+    rank_guessed: bool = False
 
     @property
     def rank_name(self) -> str:
@@ -69,20 +79,88 @@ class Chunk:
     restarted: bool  # the file was truncated or replaced: reading began again at its start
 
 
+@dataclass(frozen=True)
+class RankFolder:
+    """One worker's folder of torchrun's logs, `<attempt>/<local rank>/`, and the global rank it belongs to."""
+
+    path: Path
+    rank: int
+    attempt: int
+    guessed: bool  # see LogFile.rank_guessed
+
+
 def log_files(run: Run, *, folders: RunFolders) -> list[LogFile]:
-    """Each rank's stdout and stderr of torchrun's latest attempt, then the launcher's own output."""
+    """Each rank's stdout and stderr of its agent's latest attempt, by global rank, then the launcher's own output."""
     root, run_dir = folders.shared, folders.run_dir(run)
     found = []
-    attempt = latest_attempt(run_dir / "ranks")
-    if attempt is not None:
-        number = int(attempt.name.removeprefix("attempt_"))
-        for rank_dir in sorted((d for d in attempt.iterdir() if d.name.isdigit()), key=lambda d: int(d.name)):
-            for stream in STREAMS:
-                file = _log_file(root, rank_dir / f"{stream}.log", int(rank_dir.name), stream, number)
-                if file is not None:
-                    found.append(file)
-    file = _log_file(root, run_dir / LAUNCHER_LOG, None, "stdout", None)
+    for worker in rank_folders(run_dir / "ranks", nproc_per_node=run.nproc_per_node):
+        for stream in STREAMS:
+            file = _log_file(root, worker.path / f"{stream}.log", worker.rank, stream, worker.attempt, worker.guessed)
+            if file is not None:
+                found.append(file)
+    output = launcher_output(run, folders=folders)
+    file = _log_file(root, output, None, "stdout", None) if output is not None else None
     return [*found, file] if file is not None else found
+
+
+def launcher_output(run: Run, *, folders: RunFolders) -> Path | None:
+    """The launcher's own output: Slurm's output file of the run's job, or the local launcher's torchrun log."""
+    if run.launcher != SlurmLauncher.name:
+        return folders.run_dir(run) / LAUNCHER_LOG
+    return folders.run_dir(run) / OUTPUT_FILE.replace("%j", run.job_id) if run.job_id else None
+
+
+def rank_folders(ranks_dir: Path, *, nproc_per_node: int) -> list[RankFolder]:
+    """Every worker's folder of each agent's latest attempt, in global rank order.
+
+    A Slurm run's agents each write under `ranks/agent<SLURM_PROCID>/`; the local launcher's one agent writes under
+    `ranks/` itself. A rank is taken from the marker the worker's client left (wire.RANK_MARKER); without one,
+    from the agent's index. Two folders claiming one rank (a marker gone stale): the newer one is shown.
+    """
+    agents = agent_folders(ranks_dir)
+    found: dict[int, RankFolder] = {}
+    for index, agent in agents:
+        attempt = latest_attempt(agent)
+        if attempt is None:
+            continue
+        number = int(attempt.name.removeprefix("attempt_"))
+        for worker in (d for d in attempt.iterdir() if d.name.isdigit() and d.is_dir()):
+            marked = marked_rank(worker)
+            rank = marked if marked is not None else index * nproc_per_node + int(worker.name)
+            folder = RankFolder(worker, rank, number, guessed=marked is None and len(agents) > 1)
+            if rank not in found or _newer(folder.path, found[rank].path):
+                found[rank] = folder
+    return [found[rank] for rank in sorted(found)]
+
+
+def agent_folders(ranks_dir: Path) -> list[tuple[int, Path]]:
+    """Each torchrun agent's --log-dir with its index: `agent<n>` folders (Slurm), else `ranks/` itself."""
+    agents = []
+    for path in ranks_dir.glob(f"{AGENT_LOGS}*"):
+        number = path.name.removeprefix(AGENT_LOGS)
+        if number.isascii() and number.isdigit() and path.is_dir():
+            agents.append((int(number), path))
+    return sorted(agents) if agents else [(0, ranks_dir)]
+
+
+def marked_rank(worker: Path) -> int | None:
+    """The global rank in the marker the worker's client left in its folder; None without a sound one."""
+    marker = worker / wire.RANK_MARKER
+    try:
+        if not marker.is_file():  # never open a FIFO or a device someone put there
+            return None
+        with open(marker, "rb") as f:
+            rank = json.loads(f.read(MARKER_BYTES)).get("rank")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return rank if type(rank) is int and 0 <= rank < 1_000_000 else None
+
+
+def _newer(path: Path, than: Path) -> bool:
+    try:
+        return path.stat().st_mtime > than.stat().st_mtime
+    except OSError:
+        return False
 
 
 def latest_attempt(ranks_dir: Path) -> Path | None:
@@ -93,7 +171,9 @@ def latest_attempt(ranks_dir: Path) -> Path | None:
     return max(attempts, key=lambda p: (p.stat().st_mtime, int(p.name.removeprefix("attempt_"))))
 
 
-def _log_file(root: Path, path: Path, rank: int | None, stream: str, attempt: int | None) -> LogFile | None:
+def _log_file(
+    root: Path, path: Path, rank: int | None, stream: str, attempt: int | None, guessed: bool = False
+) -> LogFile | None:
     """The file as a LogFile when it is a regular file inside the shared folder; links that leave it are ignored."""
     if not path.resolve().is_relative_to(root.resolve()):
         return None
@@ -103,7 +183,7 @@ def _log_file(root: Path, path: Path, rank: int | None, stream: str, attempt: in
         return None
     if not path.is_file():
         return None
-    return LogFile(rank, stream, stat.st_size, stat.st_mtime, attempt, path)
+    return LogFile(rank, stream, stat.st_size, stat.st_mtime, attempt, path, guessed)
 
 
 def parse_rank(rank: str) -> int | None:
@@ -240,8 +320,10 @@ def diagnoses(run: Run, *, folders: RunFolders) -> list[Diagnosis]:
 
 
 def _latest_launch(log: LogText) -> LogText:
-    """The launcher's output of the latest launch only."""
-    return LogText(log.rank, log.stream, latest_launch(log.text), log.modified)
+    """The launcher's output of the latest launch only (a resumed local run, a job Slurm requeued)."""
+    text = latest_launch(log.text)
+    requeues = list(SLURM_REQUEUE.finditer(text))
+    return LogText(log.rank, log.stream, text[requeues[-1].end() :] if requeues else text, log.modified)
 
 
 def _tail_text(path: Path) -> str:

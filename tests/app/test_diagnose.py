@@ -205,3 +205,46 @@ def test_a_stopped_torchrun_is_no_failure(tmp_path: Path) -> None:
 
 def _stdout(tmp_path: Path) -> str:
     return "".join(p.read_text() for p in tmp_path.glob("ranks/*/attempt_0/0/stdout.log"))
+
+
+# Slurm's own lines, as slurmstepd and srun of Slurm 22.05 write them into the job's output file (their formats are
+# the strings in this machine's /usr/sbin/slurmstepd and Slurm's plugins: "*** %s ON %s CANCELLED AT %s ***", ...).
+CANCELLED = "slurmstepd: error: *** JOB 41 ON node-a CANCELLED AT 2026-11-22T21:52:13"
+OOM_KILL = "Some of your processes may have been killed by the cgroup out-of-memory handler."
+SLURM_LINES = [
+    ("slurm_cancelled", f"{CANCELLED} ***"),
+    ("slurm_time_limit", f"{CANCELLED} DUE TO TIME LIMIT ***"),
+    ("slurm_time_limit", CANCELLED.replace("JOB 41", "STEP 41.0") + " DUE TO TIME LIMIT ***"),
+    ("slurm_preempted", f"{CANCELLED} DUE TO PREEMPTION ***"),
+    ("slurm_node_failure", f"{CANCELLED} DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***"),
+    ("slurm_oom", f"slurmstepd: error: Detected 1 oom-kill event(s) in StepId=41.0. {OOM_KILL}"),
+    ("slurm_oom", f"slurmstepd: error: Detected 3 oom-kill event(s) in StepId=41.batch. {OOM_KILL}"),
+    ("slurm_oom", "srun: error: node-a: task 1: Out Of Memory"),
+]
+# What torchrun's agents write as Slurm's signal kills them: a report, not a cause.
+AGENT_DEATH = """\
+W1122 21:52:13.512000 4242 torch/distributed/elastic/agent/server/api.py:725] Received Signals.SIGTERM death signal, \
+shutting down workers
+Traceback (most recent call last):
+  File "/usr/lib/python3/dist-packages/torch/distributed/run.py", line 936, in main
+    run(args)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 15
+"""
+
+
+@pytest.mark.parametrize(("kind", "line"), SLURM_LINES)
+def test_slurms_lines_in_its_output_file_are_explained(kind: str, line: str) -> None:
+    text = "W1122 21:50:01.123000 4242 torch/distributed/run.py:852] Setting OMP_NUM_THREADS\n" + line + "\n"
+    found = only(diagnose([LogText(None, "stdout", text + AGENT_DEATH), LogText(0, "stdout", "step 12 loss 0.5\n")]),
+                 kind)  # fmt: skip
+    assert found.line == line and found.rank is None and found.ranks == []
+    assert found.title and found.cause and found.advice and "Slurm" in found.title
+
+
+def test_a_step_cancelled_because_another_task_failed_is_left_to_that_tasks_error() -> None:
+    """srun --kill-on-bad-exit cancels the step when one task fails: the cause is in the ranks' logs."""
+    launcher = ("srun: error: node-a: task 1: Exited with exit code 1\nsrun: Terminating StepId=41.0\n"
+                "slurmstepd: error: *** STEP 41.0 ON node-a CANCELLED AT 2026-11-22T21:52:13 ***\n")  # fmt: skip
+    failed = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\nValueError: bad batch\n'
+    found = diagnose([LogText(None, "stdout", launcher), LogText(1, "stderr", failed)])
+    assert [(d.kind, d.rank) for d in found] == [("exception", 1)]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,8 @@ from fastapi.testclient import TestClient
 from app.models import Run, RunStatus
 from app.services import logs
 from tests.app.test_stream import events
+from tests.live import REPO, free_port
+from trainer import wire
 
 GIB = 1024**3
 
@@ -256,3 +261,137 @@ def test_only_the_latest_launch_of_a_resumed_run_is_diagnosed(client: TestClient
         f.write("--- rankboard launch 1f2e ---\nOSError: [Errno 28] No space left on device\n")
         f.write("--- rankboard launch 9a8b ---\nW1121 Setting OMP_NUM_THREADS\n")
     assert client.get(f"/api/runs/{run_id}/diagnoses").json() == []
+
+
+# What a two-agent Slurm run leaves (`--log-dir <run>/ranks/agent$SLURM_PROCID`): each agent its own folder, in it
+# torchrun's `<rdzv id>_<random>/attempt_<n>/<local rank>/`, and beside the ranks' logs the marker the client wrote.
+SLURM_OUTPUT = (
+    "W1122 21:50:01.123000 4242 torch/distributed/run.py:852] Setting OMP_NUM_THREADS environment variable for each "
+    "process to be 1 in default, to avoid your system being overloaded.\n"
+)
+
+
+def agent_worker(client: TestClient, run_id: int, agent: int, local_rank: int, attempt: int, rank: int | None) -> Path:
+    """A worker's folder of one agent of a Slurm run, with the marker of its global rank unless `rank` is None."""
+    shared: Path = client.app.state.settings.shared  # type: ignore[attr-defined]
+    run_dir = shared / "logs" / f"run-{run_id}"
+    folder = run_dir / "ranks" / f"agent{agent}" / f"41_r{agent}nd" / f"attempt_{attempt}" / str(local_rank)
+    folder.mkdir(parents=True)
+    (folder / "stdout.log").write_text(f"agent {agent} local rank {local_rank} attempt {attempt}\n")
+    (folder / "stderr.log").write_text("")
+    if rank is not None:
+        (folder / wire.RANK_MARKER).write_text(json.dumps({"rank": rank, "local_rank": local_rank, "node": "node-a"}))
+    return folder
+
+
+def as_slurm_run(client: TestClient, run_id: int, *, nproc_per_node: int) -> Path:
+    """The run made a Slurm run (job 41); returns its folder, where Slurm's output file goes."""
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.launcher, run.job_id, run.nproc_per_node = "slurm", "41", nproc_per_node
+    shared: Path = client.app.state.settings.shared  # type: ignore[attr-defined]
+    run_dir = shared / "logs" / f"run-{run_id}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def test_each_agents_latest_attempt_is_listed_by_the_global_rank_its_workers_marked(
+    client: TestClient, run_id: int
+) -> None:
+    run_dir = as_slurm_run(client, run_id, nproc_per_node=1)
+    # c10d numbered the agents in rendezvous order: the first attempt as SLURM_PROCID, the restart the other way.
+    for agent, ranks in ((0, (0, 1)), (1, (1, 0))):
+        for attempt, rank in enumerate(ranks):
+            agent_worker(client, run_id, agent, 0, attempt, rank)
+    (run_dir / "slurm-41.out").write_text(SLURM_OUTPUT)
+    (run_dir / "launcher.log").write_text("not this run's: a Slurm run's launcher output is Slurm's file\n")
+
+    files = client.get(f"/api/runs/{run_id}/logs").json()
+    assert [(f["rank"], f["stream"], f["attempt"], f["rank_guessed"]) for f in files] == [
+        (0, "stdout", 1, False), (0, "stderr", 1, False), (1, "stdout", 1, False), (1, "stderr", 1, False),
+        (None, "stdout", None, False),
+    ]  # fmt: skip
+    assert client.get(f"/api/runs/{run_id}/logs/0/stdout").json()["lines"] == ["agent 1 local rank 0 attempt 1"]
+    assert client.get(f"/api/runs/{run_id}/logs/1/stdout").json()["lines"] == ["agent 0 local rank 0 attempt 1"]
+    launcher = client.get(f"/api/runs/{run_id}/logs/launcher/stdout").json()["lines"]
+    assert launcher == [SLURM_OUTPUT.strip()]
+    panel = client.get(f"/runs/{run_id}/logs").text
+    assert ">rank 0</option>" in panel and ">rank 1</option>" in panel and "(guessed)" not in panel
+    assert "Slurm output (slurm-41.out)" in panel and "launcher (torchrun)" not in panel
+
+
+def test_without_markers_ranks_are_numbered_by_agent_and_said_to_be_guessed(client: TestClient, run_id: int) -> None:
+    as_slurm_run(client, run_id, nproc_per_node=2)
+    for agent in (0, 1):
+        for local_rank in (0, 1):
+            agent_worker(client, run_id, agent, local_rank, 0, None)  # a script that does not use trainer.report
+
+    files = client.get(f"/api/runs/{run_id}/logs").json()
+    assert [(f["rank"], f["rank_guessed"]) for f in files if f["stream"] == "stdout"] == [
+        (0, True), (1, True), (2, True), (3, True),
+    ]  # fmt: skip
+    assert client.get(f"/api/runs/{run_id}/logs/2/stdout").json()["lines"] == ["agent 1 local rank 0 attempt 0"]
+    panel = client.get(f"/runs/{run_id}/logs").text
+    assert ">rank 3 (guessed)</option>" in panel and "does not import <code>trainer.report</code>" in panel
+
+
+def test_a_local_runs_one_agent_is_never_called_a_guess(client: TestClient, run_id: int, run_logs: Path) -> None:
+    files = client.get(f"/api/runs/{run_id}/logs").json()
+    assert {f["rank"] for f in files} == {0, 1, None} and not any(f["rank_guessed"] for f in files)
+
+
+CANCELLED = "slurmstepd: error: *** JOB 41 ON node-a CANCELLED AT 2026-11-22T21:52:13"
+
+
+def test_slurms_lines_explain_a_run_and_a_requeue_begins_anew(client: TestClient, run_id: int) -> None:
+    run_dir = as_slurm_run(client, run_id, nproc_per_node=1)
+    agent_worker(client, run_id, 0, 0, 0, 0)
+    output = run_dir / "slurm-41.out"
+    output.write_text(f"{SLURM_OUTPUT}{CANCELLED} DUE TO PREEMPTION ***\n")
+    found = client.get(f"/api/runs/{run_id}/diagnoses").json()
+    assert [(d["kind"], d["rank"]) for d in found] == [("slurm_preempted", None)]
+    finish(client, run_id, RunStatus.failed)
+    assert "Preempted (Slurm)" in client.get(f"/runs/{run_id}/logs").text
+
+    with open(output, "a") as f:  # Slurm requeued the job: the next attempt appends to the same file
+        f.write(f"{CANCELLED} DUE TO JOB REQUEUE ***\n")
+        f.write(SLURM_OUTPUT)
+    assert client.get(f"/api/runs/{run_id}/diagnoses").json() == []
+
+
+HELLO_SCRIPT = """\
+import os
+from trainer import report  # leaves this worker's rank marker beside its logs
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"hello from global rank {dist.get_rank()} of agent {os.environ['AGENT']}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_real_two_agent_rendezvous_is_listed_by_the_ranks_c10d_gave(
+    client: TestClient, run_id: int, tmp_path: Path
+) -> None:
+    """Two torchrun agents rendezvous over c10d, as srun starts them on two nodes: each rank's log is found under
+    the global rank that the worker itself printed, whichever agent c10d numbered first."""
+    run_dir = as_slurm_run(client, run_id, nproc_per_node=1)
+    script = tmp_path / "hello.py"
+    script.write_text(HELLO_SCRIPT)
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = []
+    for agent in (0, 1):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+                   "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=41",
+                   f"--rdzv-conf=is_host={int(agent == 0)}", f"--log-dir={run_dir / 'ranks' / f'agent{agent}'}",
+                   "--redirects", "3", "--max-restarts", "0", str(script)]  # fmt: skip
+        env = {**os.environ, "AGENT": str(agent), wire.ENV_RUN_ID: str(run_id), "PYTHONPATH": str(REPO)}
+        agents.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for agent in agents:
+        output, _ = agent.communicate(timeout=120)
+        assert agent.returncode == 0, output.decode(errors="replace")
+
+    files = client.get(f"/api/runs/{run_id}/logs").json()
+    assert [(f["rank"], f["rank_guessed"]) for f in files if f["stream"] == "stdout"] == [(0, False), (1, False)]
+    for rank in (0, 1):
+        lines = client.get(f"/api/runs/{run_id}/logs/{rank}/stdout").json()["lines"]
+        assert len(lines) == 1 and lines[0].startswith(f"hello from global rank {rank} of agent "), lines

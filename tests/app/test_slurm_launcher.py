@@ -161,3 +161,25 @@ def test_the_servers_stop_and_the_trainers_marker_come_before_slurms_word(
     decided = final_status(exit_code=1, stop_requested=stop_requested, trainer_finished=finished, verdict=verdict)
     assert decided[0] == status
     assert ("cancelled outside" in decided[1]) == (not stop_requested and not finished)
+
+
+def test_each_agent_writes_its_ranks_logs_into_a_folder_of_its_own(tmp_path: Path) -> None:
+    """The agent's command, run as each srun task runs it: the folder comes from that task's SLURM_PROCID."""
+    run = hostile_run(tmp_path)
+    folders = RunFolders(tmp_path / "shared dir $HOME")
+    folders.run_dir(run).mkdir(parents=True)
+    script = job_script(run, options=JobOptions.of(run, Settings(data_dir=tmp_path)), folders=folders)
+    agent, *arguments = script_argv(script, tmp_path)[3:]  # bash -c AGENT python torchrun-arguments...
+    python = tmp_path / "python"  # stands in for the interpreter: records what torchrun would be given
+    python.write_text('#!/bin/sh\nprintf "%s\\0" "$@" > "$ARGV"\n')
+    python.chmod(0o755)
+    env = {**os.environ, "ARGV": str(tmp_path / "agent-argv"), wire.ENV_RUN_DIR: str(folders.run_dir(run))}
+    for task in ("0", "1"):
+        subprocess.run(["bash", "-c", agent, str(python), *arguments[1:]], env={**env, "SLURM_PROCID": task},
+                       check=True, timeout=30)  # fmt: skip
+        argv = (tmp_path / "agent-argv").read_bytes().decode().split("\0")[:-1]
+        assert f"--log-dir={folders.run_dir(run)}/ranks/agent{task}" in argv
+        assert argv[argv.index("--redirects") + 1] == "3" and "--log-dir" not in argv  # no second, shared one
+    without = subprocess.run(["bash", "-c", agent, str(python)], env={"SLURM_PROCID": "1", "PATH": os.environ["PATH"]},
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert without.returncode != 0 and wire.ENV_RUN_DIR in without.stderr  # never a folder at the root of the disk

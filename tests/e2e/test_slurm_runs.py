@@ -57,6 +57,8 @@ def test_a_two_agent_run_succeeds_with_every_step_once_and_a_loadable_checkpoint
         checkpoints = api.get(f"/api/runs/{run['id']}/checkpoints").json()
         page = api.get(f"/runs/{run['id']}").text
         keys = api.get(f"/api/runs/{run['id']}/metrics").json()
+        files = api.get(f"/api/runs/{run['id']}/logs").json()
+        rank_1 = api.get(f"/api/runs/{run['id']}/logs/1/stdout").json()["lines"]
     # Two agents on one host: each node's inventory, samples and heartbeats under its own name.
     host = socket.gethostname()
     assert sorted(node["host"] for node in done["gpus"]) == [f"{host}:0", f"{host}:1"]
@@ -66,6 +68,15 @@ def test_a_two_agent_run_succeeds_with_every_step_once_and_a_loadable_checkpoint
     assert sorted(host for _rank, host in beats) == [f"{host}:0", f"{host}:1"] and [r for r, _h in beats] == [0, 1]
     assert any(e["status"] == "queued" and "submitted to Slurm" in e["reason"] for e in done["events"])
     assert checkpoints and checkpoints[-1]["step"] == done["total_steps"]
+    # Each agent's ranks, by the global rank the worker marked, and Slurm's own output file as the launcher's.
+    assert [(f["rank"], f["stream"], f["rank_guessed"]) for f in files] == [
+        (0, "stdout", False), (0, "stderr", False), (1, "stdout", False), (1, "stderr", False), (None, "stdout", False),
+    ], files  # fmt: skip
+    run_dir = slurm_server.root / "shared" / "logs" / f"run-{run['id']}"
+    slurm_output = run_dir / f"slurm-{done['job_id']}.out"  # the attempt's marker line, and what srun said
+    assert files[-1]["size"] == slurm_output.stat().st_size and not (run_dir / "launcher.log").exists()
+    assert any(line.startswith("[rank 1] started") for line in rank_1), rank_1
+    assert not any(line.startswith("[rank 0]") for line in rank_1), rank_1
     state = torch.load(slurm_server.root / "shared" / checkpoints[-1]["path"], weights_only=True)
     assert state["step"] == done["total_steps"]
     assert "#SBATCH --ntasks-per-node=2" in page and "--rdzv-backend=c10d" in page  # the job script, on the page

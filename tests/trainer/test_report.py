@@ -155,3 +155,24 @@ def test_finished_leaves_the_marker_the_dashboard_judges_a_script_by(
     finished = (tmp_path / wire.FINISHED_MARKER).exists()
     status, _ = final_status(exit_code=1, stop_requested=False, trainer_finished=finished)
     assert status.value == "succeeded"
+
+
+def test_each_worker_leaves_its_ranks_beside_torchruns_error_file(tmp_path: Path) -> None:
+    """The marker that labels a multi-node run's log folders: written whole, only inside a dashboard run under
+    torchrun's --log-dir, and a failure to write it never reaches the training."""
+    from trainer import report
+
+    worker = tmp_path / "41_x1" / "attempt_0" / "0"
+    worker.mkdir(parents=True)
+    env = {"TORCHELASTIC_ERROR_FILE": str(worker / "error.json"), "RANK": "3", "LOCAL_RANK": "0", "GROUP_RANK": "1"}
+    assert report.leave_rank_marker(env) is None  # not a dashboard run: nothing is written
+    assert report.leave_rank_marker({wire.ENV_RUN_ID: "7", "RANK": "3"}) is None  # no --log-dir, nowhere to write
+    assert list(worker.iterdir()) == []
+
+    marker = report.leave_rank_marker({**env, wire.ENV_RUN_ID: "7"})
+    assert marker == worker / wire.RANK_MARKER and [p.name for p in worker.iterdir()] == [wire.RANK_MARKER]
+    assert json.loads(marker.read_text()) == {"rank": 3, "local_rank": 0, "group_rank": 1, "node": socket.gethostname()}
+
+    gone = {**env, wire.ENV_RUN_ID: "7", "TORCHELASTIC_ERROR_FILE": str(tmp_path / "no such folder" / "error.json")}
+    assert report.leave_rank_marker(gone) is None
+    assert report.leave_rank_marker({**env, wire.ENV_RUN_ID: "7", "RANK": "three"}) is None
