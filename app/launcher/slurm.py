@@ -186,7 +186,7 @@ def job_script(run: Run, *, options: JobOptions, folders: RunFolders, python: st
         *options.directives(),
         "set -uo pipefail",
         # Where this attempt begins in the output file, which a requeued job appends to: diagnosis reads from here.
-        f'echo "{LAUNCH_MARKER}$SLURM_JOB_ID attempt $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) ---"',
+        f'echo "{LAUNCH_MARKER}${{SLURM_JOB_ID:-}} attempt $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) ---"',
         'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"  # srun in Slurm 22.05 does not inherit it',
         'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         # Never localhost: on several nodes, each agent would rendezvous with itself and wait forever.
