@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 from app.models import Run, utcnow
 from app.schemas import HeartbeatIn, NodeIn
 from app.store import ranks as rank_store
+from app.store import runs as run_store
 
 
 def record(db: Session, *, run: Run, node: NodeIn | None, heartbeat: HeartbeatIn | None) -> None:
@@ -14,7 +15,7 @@ def record(db: Session, *, run: Run, node: NodeIn | None, heartbeat: HeartbeatIn
     transaction."""
     if node is not None:
         # Two nodes' batches may land at once: lock the row, or one node's inventory would overwrite the other's.
-        db.refresh(run, attribute_names=["gpus"], with_for_update=True)
+        run_store.reread_locked(db, run, "gpus")
         run.gpus = merge_node(run.gpus, node.model_dump())
     if heartbeat is not None:
         rank_store.upsert_heartbeat(

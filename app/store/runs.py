@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from app.models import Run, RunEvent, RunStatus
@@ -12,6 +12,14 @@ from app.models import Run, RunEvent, RunStatus
 
 def get_run(db: Session, run_id: int) -> Run | None:
     return db.get(Run, run_id)
+
+
+def reread_locked(db: Session, run: Run, attribute: str) -> None:
+    """Rereads one column of the run with its row held for writing until the commit, so that a read-modify-write
+    of it loses no concurrent one. A write, not SELECT FOR UPDATE: SQLite has no row locks, and its deferred
+    transaction takes the write lock only at the first write, after a plain read could already be stale."""
+    db.execute(update(Run).where(Run.id == run.id).values({attribute: getattr(Run, attribute)}))
+    db.refresh(run, attribute_names=[attribute])
 
 
 def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int) -> tuple[Sequence[Run], int]:

@@ -3,6 +3,8 @@ field."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
@@ -51,3 +53,13 @@ def test_a_wrong_node_or_heartbeat_is_refused_naming_the_field(client: TestClien
         assert response.status_code == 422, extra
         assert response.json()["detail"][0]["loc"] == loc
     assert run_gpus(client, run_id) is None
+
+
+def test_nodes_reporting_at_the_same_moment_each_keep_their_inventory(client: TestClient, run_id: int) -> None:
+    # Every node of a multi-node run sends its inventory on its first batch, so they land together.
+    hosts = [f"node-{i}" for i in range(8)]
+    with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+        answers = list(pool.map(lambda host: post(client, run_id, {"points": [], "node": node(host, f"GPU-{host}")}),
+                                hosts))  # fmt: skip
+    assert [answer.status_code for answer in answers] == [200] * len(hosts)
+    assert [known["host"] for known in run_gpus(client, run_id)] == hosts
