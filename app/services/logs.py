@@ -313,10 +313,15 @@ def download(file: LogFile) -> Iterator[bytes]:
             yield chunk
 
 
+SLURM_CANCELLED = "slurm_cancelled"  # the Diagnosis kind of a job cancelled with scancel
+
+
 def diagnoses(run: Run, *, folders: RunFolders) -> list[Diagnosis]:
     """Known failures found in the tails of the run's logs (bounded: DIAGNOSE_BYTES of each file)."""
     texts = [LogText(f.rank, f.stream, _tail_text(f.path), f.modified) for f in log_files(run, folders=folders)]
-    return diagnose([_latest_launch(t) if t.rank is None else t for t in texts])
+    found = diagnose([_latest_launch(t) if t.rank is None else t for t in texts])
+    # A run stopped on request ends with Rankboard's own scancel: that is no failure to explain.
+    return [d for d in found if not (run.stop_requested_at and d.kind == SLURM_CANCELLED)]
 
 
 def _latest_launch(log: LogText) -> LogText:

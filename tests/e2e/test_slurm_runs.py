@@ -214,10 +214,19 @@ def test_from_the_form_a_slurm_run_waits_with_its_reason_runs_and_stops(
         subprocess.run(["scancel", held], env=slurm, timeout=30)
     expect(page.locator("#slurm-job")).to_contain_text("RUNNING on", timeout=60_000)
     expect(page.locator("#status")).to_have_text("running", timeout=120_000)
+    # Each agent's rank live in the log panel (the second agent's rank 1 as well), and Slurm's own output beside them.
+    lines = page.locator("#log-lines")
+    expect(lines).to_contain_text("[rank 0] started", timeout=60_000)
+    page.get_by_label("Rank").select_option("1")
+    expect(lines).to_contain_text("[rank 1] started", timeout=30_000)
+    page.get_by_label("Rank").select_option("launcher")
+    expect(page.locator("#log-rank")).to_contain_text("Slurm output (slurm-")
+    expect(lines).to_contain_text("--- rankboard launch", timeout=30_000)
     page.get_by_text("Configuration and command").click()
     expect(page.locator("#job-script")).to_contain_text("#SBATCH --time=10:00")
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("#status")).to_have_text("stopped", timeout=120_000)
+    expect(page.locator(".explain")).to_have_count(0)  # stopped on request: Rankboard's own scancel is no failure
     wait_for(lambda: run_processes(slurm_server.root) == [] or None, 30, what="the job's processes to end")
 
 
