@@ -29,20 +29,22 @@ TAIL_LINES = 200
 @pages.get("/runs/{run_id}/logs", response_class=HTMLResponse)
 def logs_panel(request: Request, run_id: RunId, db: SessionDep, folders: FoldersDep) -> HTMLResponse:
     """The panel: rank and stream choices, the filter, and what went wrong; its script starts the live tail."""
-    context = panel_context(runs.get_run(db, run_id=run_id), folders=folders)
+    run = runs.get_run(db, run_id=run_id)
+    context = panel_context(run, folders=folders, world_size=runs.world_size(run, request.app.state.settings))
     return HTMLResponse(render_block(request.app.state.templates, "_logs.html", "panel", context))
 
 
-def panel_context(run: Run, *, folders: RunFolders) -> dict[str, Any]:
+def panel_context(run: Run, *, folders: RunFolders, world_size: int) -> dict[str, Any]:
     files = logs.log_files(run, folders=folders)
     found = logs.diagnoses(run, folders=folders)
-    ranks = sorted({f.rank for f in files if f.rank is not None} | set(range(run.nproc_per_node)))
+    # Every rank the run will have, before its files exist: the panel is drawn once, often while the run waits.
+    ranks = sorted({f.rank for f in files if f.rank is not None} | set(range(world_size)))
     first = next((d for d in found if d.rank is not None), None)  # open the log of the rank that failed first
     launcher = logs.launcher_output(run, folders=folders)
     return {
         "run": run, "panel": True, "ranks": ranks, "sizes": {(f.rank_name, f.stream): f.size for f in files},
         "guessed": {f.rank for f in files if f.rank_guessed}, "diagnoses": found,
-        "has_launcher": any(f.rank is None for f in files), "launcher_name": launcher.name if launcher else "",
+        "launcher_name": launcher.name if launcher else "",
         "explain": bool(found) or run.status in (RunStatus.failed, RunStatus.lost),
         "rank": first.rank if first else 0, "stream": "stderr" if first else "stdout",
     }  # fmt: skip
@@ -76,7 +78,7 @@ async def _log_events(request: Request, run_id: int, follower: logs.LogFollower)
             update = logs.follow(follower, run, folders=folders)
             if not update.done:
                 return update, None
-            context = panel_context(run, folders=folders)
+            context = panel_context(run, folders=folders, world_size=runs.world_size(run, request.app.state.settings))
             return update, render_block(request.app.state.templates, "_logs.html", "explain", context)
 
     while not await request.is_disconnected():

@@ -320,6 +320,13 @@ def _launch(db: Session, run: Run, *, launcher: Launcher, devices: list[int]) ->
     run_store.set_status(db, run, RunStatus.queued if launch.job_id else RunStatus.starting, launch.description)
 
 
+def world_size(run: Run, settings: Settings) -> int:
+    """How many ranks the run has: its processes per node, times its nodes' torchrun agents on Slurm."""
+    if run.launcher == "slurm":
+        return run.nproc_per_node * run.slurm_nodes * settings.slurm_agents_per_node
+    return run.nproc_per_node
+
+
 def elapsed(run: Run, now: datetime | None = None) -> timedelta | None:
     """Time since the run's latest launch, up to when it finished; None while it waits to be launched (again: a
     resumed run keeps its last launch's start until the next one)."""
