@@ -25,6 +25,7 @@ from typing import Any
 DEFAULT_URL = "http://127.0.0.1:8000"
 FINAL = ("succeeded", "failed", "stopped", "lost")
 SERIES_PAGE = 10_000  # the API's largest page of a series
+UNANSWERED = (None, 502, 503, 504)  # no answer, or a proxy's while the server behind it restarts
 
 # Named here, outside the class: inside it `list` is the method that lists runs.
 Record = dict[str, Any]  # a run, a point, a checkpoint: the API's JSON object as it came
@@ -77,12 +78,23 @@ class Client:
         timeout: float | None = None,
         *,
         interval: float = 1.0,
+        patience: float = 120.0,
         on_poll: Callable[[Record], None] | None = None,
     ) -> Record:
-        """The run once it has ended (succeeded, failed, stopped or lost); `on_poll` sees it at each look."""
+        """The run once it has ended (succeeded, failed, stopped or lost); `on_poll` sees it at each look. A server
+        that does not answer for less than `patience` seconds (a restart, an upgrade) is waited for."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        silent_since: float | None = None
         while True:
-            run = self.get(run_id)
+            try:
+                run = self.get(run_id)
+            except ClientError as error:
+                silent_since = silent_since or time.monotonic()
+                if error.status not in UNANSWERED or time.monotonic() - silent_since > patience:
+                    raise
+                time.sleep(interval)
+                continue
+            silent_since = None
             if on_poll is not None:
                 on_poll(run)
             if run["status"] in FINAL:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.client import DEFAULT_URL, Client, ClientError
+from app.client import DEFAULT_URL, UNANSWERED, Client, ClientError
 
 # `runs start --wait` exits with the run's end: 0 only when it succeeded.
 EXIT_CODES = {"succeeded": 0, "failed": 3, "stopped": 4, "lost": 5}
@@ -26,6 +26,7 @@ EXIT_HELP = """exit codes: 0 done (with --wait: the run succeeded); 1 a request 
 unknown run, an option refused); 2 bad command line; with --wait: 3 the run failed, 4 it was stopped, 5 it was lost,
 6 --timeout ran out."""
 CONFIG_KEYS = ("url", "token")
+OWN_FLAGS = {"url", "token", "json", "config", "wait", "timeout", "help"}  # flags of `start` that are not run options
 
 
 def main(argv: list[str]) -> int:
@@ -74,6 +75,7 @@ def client_for(args: argparse.Namespace) -> Client:
 
 
 def config_path() -> Path:
+    """~/.config/rankboard/client.toml, or under $XDG_CONFIG_HOME."""
     base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
     return Path(base) / "rankboard" / "client.toml"
 
@@ -162,7 +164,9 @@ def start_options(start: argparse.ArgumentParser, schema: dict[str, Any] | None)
         flag = flag_for(field)
         if flag.get("type") in (int, float, str) and not flag["choices"]:
             flag["metavar"] = name.upper()
-        options.add_argument(f"--{name.replace('_', '-')}", dest=f"option_{name}", default=argparse.SUPPRESS, **flag)
+        spelled = name.replace("_", "-")
+        spelled = f"run-{spelled}" if spelled in OWN_FLAGS else spelled  # a newer server's `timeout`: --run-timeout
+        options.add_argument(f"--{spelled}", dest=f"option_{name}", default=argparse.SUPPRESS, **flag)
 
 
 BOUNDS = (("exclusiveMinimum", ">"), ("minimum", ">="), ("exclusiveMaximum", "<"), ("maximum", "<="))
@@ -193,6 +197,7 @@ def number(value: float) -> str:
 
 
 def pair(text: str) -> tuple[str, str]:
+    """NAME=VALUE, as --nccl-env takes it."""
     name, equals, value = text.partition("=")
     if not equals or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
@@ -211,10 +216,12 @@ def run_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def is_pairs(value: Any) -> bool:
+    """True for what a NAME=VALUE flag collected (it becomes a JSON object)."""
     return isinstance(value, list) and bool(value) and all(isinstance(v, tuple) for v in value)
 
 
 def start_run(client: Client, args: argparse.Namespace) -> int:
+    """`runs start`: the new run; with --wait, its progress until it ends, and its end as the exit code."""
     run = client.create(**run_spec(args))
     if not args.wait:
         print(json.dumps(run) if args.json else f"run {run['id']} {run['status']}: {run['name']}")
@@ -246,12 +253,18 @@ class Progress:
 
     def read_loss(self, run_id: int) -> None:
         """Only the points since the last look, so that a long run costs no more per poll than a short one."""
-        points = self.client.series(run_id, "loss", start_step=self.loss_from)
+        try:
+            points = self.client.series(run_id, "loss", start_step=self.loss_from)
+        except ClientError as error:
+            if error.status not in UNANSWERED:
+                raise
+            return  # the server went away between two requests: wait() waits for it, the loss shows next time
         if points:
             self.loss, self.loss_from = points[-1]["value"], points[-1]["step"] + 1
 
 
 def list_runs(client: Client, args: argparse.Namespace) -> int:
+    """`runs list`: one line a run, or the JSON list."""
     runs = client.list(status=args.status, limit=args.limit)
     if args.json:
         print(json.dumps(runs))
@@ -265,18 +278,22 @@ def list_runs(client: Client, args: argparse.Namespace) -> int:
 
 
 def get_run(client: Client, args: argparse.Namespace) -> int:
+    """`runs get RUN`."""
     return show_run(client.get(args.run), args)
 
 
 def stop_run(client: Client, args: argparse.Namespace) -> int:
+    """`runs stop RUN`: asks it to stop; it ends `stopped` once its step is done and its checkpoint written."""
     return show_run(client.stop(args.run), args)
 
 
 def resume_run(client: Client, args: argparse.Namespace) -> int:
+    """`runs resume RUN`."""
     return show_run(client.resume(args.run), args)
 
 
 def show_run(run: dict[str, Any], args: argparse.Namespace) -> int:
+    """A run in two lines: name, state and why; step, epoch and loss."""
     if args.json:
         print(json.dumps(run))
         return 0
@@ -288,6 +305,7 @@ def show_run(run: dict[str, Any], args: argparse.Namespace) -> int:
 
 
 def show_logs(client: Client, args: argparse.Namespace) -> int:
+    """`runs logs RUN`: the last lines, or with -f each new one until the run has ended."""
     if args.follow:
         for line in client.follow_logs(args.run, rank=args.rank, stream=args.stream):
             print(line, flush=True)
@@ -298,6 +316,7 @@ def show_logs(client: Client, args: argparse.Namespace) -> int:
 
 
 def show_metrics(client: Client, args: argparse.Namespace) -> int:
+    """`runs metrics RUN KEY`: every point, as lines, CSV or JSON."""
     points = client.series(args.run, args.key)
     if args.json:
         print(json.dumps(points))
@@ -312,6 +331,7 @@ def show_metrics(client: Client, args: argparse.Namespace) -> int:
 
 
 def list_checkpoints(client: Client, args: argparse.Namespace) -> int:
+    """`runs checkpoints RUN`: one line a checkpoint, marked latest and best."""
     checkpoints = client.checkpoints(args.run)
     if args.json:
         print(json.dumps(checkpoints))
@@ -324,6 +344,7 @@ def list_checkpoints(client: Client, args: argparse.Namespace) -> int:
 
 
 def download_checkpoint(client: Client, args: argparse.Namespace) -> int:
+    """`runs download RUN CHECKPOINT`: streamed to a file, which appears only once whole."""
     written = client.download(args.run, args.checkpoint, args.output)
     size = written.stat().st_size
     print(json.dumps({"path": str(written), "size": size}) if args.json else f"wrote {written} ({size} bytes)")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -128,6 +130,23 @@ def test_start_wait_exits_4_when_the_client_stops_the_run(server: LiveServer) ->
     assert client.resume(run_id)["status"] == "queued"
     client.stop(run_id)
     assert client.wait(run_id, timeout=120)["status"] == "stopped"
+
+
+def test_start_wait_outlives_a_server_restart(server: LiveServer) -> None:
+    waiting = subprocess.Popen([str(RANKBOARD), "runs", "start", "--name", "restarted", "--epochs", "100",
+                                "--nproc-per-node", "1", "--wait"], env=environment(RANKBOARD_URL=server.url),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert waiting.stderr is not None and waiting.stdout is not None
+    run_id = int(waiting.stderr.readline().split()[1])
+    client = Client(server.url)
+    wait_for(lambda: client.get(run_id)["step"] > 0, 120, what="the run to train")
+    server.stop(signal.SIGKILL)  # the trainer goes on, and spools what it cannot send
+    time.sleep(3)  # three of the client's polls find no server
+    assert waiting.poll() is None, waiting.stderr.read()
+    server.start()
+    client.stop(run_id)
+    assert waiting.wait(timeout=120) == 4, waiting.stderr.read()
+    assert f"run {run_id} stopped" in waiting.stdout.read()
 
 
 def test_the_python_client_creates_waits_and_reads_a_series(server: LiveServer) -> None:
