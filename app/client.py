@@ -43,6 +43,10 @@ class ClientError(Exception):
         self.status = status
 
 
+class WaitTimedOut(ClientError):
+    """`wait` gave up: the run had not ended within its timeout."""
+
+
 class Client:
     """Rankboard's REST API at `url`; `token` (an API token, `rbt_...`) is sent as `Authorization: Bearer`."""
 
@@ -100,7 +104,7 @@ class Client:
             if run["status"] in FINAL:
                 return run
             if deadline is not None and time.monotonic() >= deadline:
-                raise ClientError(f"run {run_id} is still {run['status']} after {timeout:g} s")
+                raise WaitTimedOut(f"run {run_id} is still {run['status']} after {timeout:g} s")
             time.sleep(interval)
 
     def series(self, run_id: int, key: str, *, start_step: int = 0) -> Records:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.client import DEFAULT_URL, UNANSWERED, Client, ClientError
+from app.client import DEFAULT_URL, UNANSWERED, Client, ClientError, WaitTimedOut
 
 # `runs start --wait` exits with the run's end: 0 only when it succeeded.
 EXIT_CODES = {"succeeded": 0, "failed": 3, "stopped": 4, "lost": 5}
@@ -36,15 +36,15 @@ def main(argv: list[str]) -> int:
         return args.handler(client_for(args), args)
     except ClientError as error:
         print(f"rankboard: {error.message}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_TIMEOUT if isinstance(error, WaitTimedOut) else EXIT_ERROR
+    except BrokenPipeError:  # `rankboard runs list | head`
+        sys.stderr.close()
+        return 0
     except OSError as error:  # a file it was told to read or write: --config, download -o
         print(f"rankboard: {error}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:  # `rankboard runs list | head`
-        sys.stderr.close()
-        return 0
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -61,9 +61,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if "-h" not in argv and "--help" not in argv:
             raise ClientError(f"{error.message} (runs start reads the run options from the server)") from None
         schema = {"unreachable": error.message}
-    args = parser(schema).parse_args(argv)
-    args.schema = schema
-    return args
+    return parser(schema).parse_args(argv)
 
 
 def client_for(args: argparse.Namespace) -> Client:

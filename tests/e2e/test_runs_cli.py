@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.client import Client, ClientError
+from app.client import Client, ClientError, WaitTimedOut
 from app.launcher import processes
 from tests.live import REPO, LiveServer, free_port, run_processes, wait_for
 
@@ -181,7 +182,7 @@ def test_the_python_client_raises_one_clear_error(server: LiveServer) -> None:
     assert unreachable.value.status is None and "cannot reach" in unreachable.value.message
     client = Client(server.url)
     queued = client.create(name="waited-for", nproc_per_node=1, epochs=100)
-    with pytest.raises(ClientError, match=f"run {queued['id']} is still"):
+    with pytest.raises(WaitTimedOut, match=f"run {queued['id']} is still (queued|starting) after 0 s"):
         client.wait(queued["id"], 0)
     assert client.wait(client.stop(queued["id"])["id"], 60)["status"] == "stopped"
 
@@ -196,6 +197,11 @@ def test_errors_are_one_line_and_a_non_zero_exit(server: LiveServer) -> None:
     refused = one_error_line(rankboard("runs", "start", "--epochs", "0", "--nccl-env", "PATH=/x",
                                        RANKBOARD_URL=server.url))  # fmt: skip
     assert "epochs: " in refused and "nccl_env: " in refused
+    timed_out = rankboard("runs", "start", "--nproc-per-node", "1", "--epochs", "100", "--wait", "--timeout", "0",
+                          RANKBOARD_URL=server.url)  # fmt: skip
+    assert timed_out.returncode == 6, timed_out.stderr
+    assert re.search(r"^rankboard: run \d+ is still (queued|starting|running) after 0 s$", timed_out.stderr, re.M)
+    Client(server.url).stop(int(timed_out.stderr.split()[1]))
     wrong_type = rankboard("runs", "start", "--epochs", "many", RANKBOARD_URL=server.url)
     assert wrong_type.returncode == 2 and "--epochs: invalid int value: 'many'" in wrong_type.stderr
 
