@@ -33,6 +33,16 @@ Records = list[Record]
 Lines = list[str]
 
 
+class NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is an error, not followed: urllib would send the token on to wherever it points."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+OPENER = urllib.request.build_opener(NoRedirects)
+
+
 class ClientError(Exception):
     """A request did not do what was asked; `message` says why in one line, `status` is the HTTP status (None: the
     server was not reached, or did not answer in time)."""
@@ -200,9 +210,12 @@ class Client:
             data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
         request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
-            return urllib.request.urlopen(request, timeout=timeout)
+            return OPENER.open(request, timeout=timeout)
         except urllib.error.HTTPError as error:
             with error:
+                if 300 <= error.code < 400:
+                    moved = f"{self.url}{path.split('?')[0]} redirects to {error.headers.get('Location')}"
+                    raise ClientError(f"{error.code}: {moved}; give that URL", error.code) from None
                 raise ClientError(_error_message(error.code, error.read()), error.code) from None
         except (urllib.error.URLError, OSError) as error:
             reason = getattr(error, "reason", error)
