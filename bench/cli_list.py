@@ -4,8 +4,8 @@
 
 Starts a real server (its supervisor asleep, so the runs made stay queued and nothing trains), makes `--runs` runs,
 then times, alternately, each command as a user types it, as a fresh process: `curl` of /api/runs, `rankboard runs
-list` and `--json`, and a bare `python -c pass` for the interpreter's own start-up. Prints each one's median and
-spread in milliseconds.
+list` and `--json`, the CLI's imports alone, and a bare `python -c pass` for the interpreter's own start-up. Prints
+each one's median and spread in milliseconds.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def main() -> None:
                 "curl /api/runs?limit=50": [curl, "-sf", f"{server.url}/api/runs?limit=50"],
                 "rankboard runs list": [RANKBOARD, "runs", "list", "--url", server.url],
                 "rankboard runs list --json": [RANKBOARD, "runs", "list", "--json", "--url", server.url],
+                "python: import the CLI, no request": [sys.executable, "-c", "import app.runs_cli"],
                 "python -c pass (start-up alone)": [sys.executable, "-c", "pass"],
             }
             times: dict[str, list[float]] = {name: [] for name in commands}
