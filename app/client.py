@@ -172,7 +172,11 @@ class Client:
         target = Path(to) if to is not None else Path(Path(found["path"]).name)
         partial = target.with_name(f".{target.name}.part")
         query = urllib.parse.urlencode({"path": found["path"]})
-        with partial.open("wb") as file:  # a folder that is not there, or not writable: said before any download
+        try:
+            file = partial.open("wb")  # a folder that is not there, or not writable: said before any download
+        except OSError as error:
+            raise ClientError(f"cannot write {target}: {error.strerror}") from None
+        with file:
             try:
                 with self._open("GET", f"/api/files/download?{query}", timeout=self.timeout) as answer:
                     shutil.copyfileobj(answer, file, 1 << 20)

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from app.client import DEFAULT_URL, UNANSWERED, Client, ClientError, WaitTimedOut
 
@@ -27,6 +27,13 @@ unknown run, an option refused); 2 bad command line; with --wait: 3 the run fail
 6 --timeout ran out."""
 CONFIG_KEYS = ("url", "token")
 OWN_FLAGS = {"url", "token", "json", "config", "wait", "timeout", "help"}  # flags of `start` that are not run options
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a mistake on the command line said in one line rather than under the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} -h)\n")
 
 
 def main(argv: list[str]) -> int:
@@ -51,7 +58,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     """The command line; `runs start` learns its option flags from the server's schema first."""
     if argv[:1] != ["start"]:
         return parser(None).parse_args(argv)
-    where = argparse.ArgumentParser(add_help=False)
+    where = Parser(add_help=False)
     where.add_argument("--url")
     where.add_argument("--token")
     known, _ = where.parse_known_args(argv)
@@ -105,11 +112,11 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def parser(schema: dict[str, Any] | None) -> argparse.ArgumentParser:
     """`rankboard runs` and its commands; `schema`: the server's RunCreate, for the flags of `start`."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=f"the server (RANKBOARD_URL; default {DEFAULT_URL})")
     common.add_argument("--token", default=argparse.SUPPRESS, help="an API token (RANKBOARD_TOKEN)")
     common.add_argument("--json", action="store_true", help="print the API's JSON")
-    top = argparse.ArgumentParser(prog="rankboard runs", description=__doc__, epilog=EXIT_HELP,
+    top = Parser(prog="rankboard runs", description=__doc__, epilog=EXIT_HELP,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     commands = top.add_subparsers(dest="action", required=True)
 

@@ -95,6 +95,10 @@ def test_json_output_parses_and_says_what_the_api_says(server: LiveServer, tmp_p
                         RANKBOARD_URL=server.url)  # fmt: skip
     assert json.loads(fetched.stdout) == {"path": str(saved), "size": checkpoint["size"]}
     assert saved.read_bytes() == (server.root / "shared" / checkpoint["path"]).read_bytes()
+    nowhere = tmp_path / "missing" / "weights.pt"
+    unwritable = rankboard("runs", "download", str(run["id"]), checkpoint["name"], "-o", str(nowhere),
+                           RANKBOARD_URL=server.url)  # fmt: skip
+    assert one_error_line(unwritable) == f"rankboard: cannot write {nowhere}: No such file or directory"
 
 
 def succeeded_run(client: Client) -> dict:
@@ -203,7 +207,9 @@ def test_errors_are_one_line_and_a_non_zero_exit(server: LiveServer) -> None:
     assert re.search(r"^rankboard: run \d+ is still (queued|starting|running) after 0 s$", timed_out.stderr, re.M)
     Client(server.url).stop(int(timed_out.stderr.split()[1]))
     wrong_type = rankboard("runs", "start", "--epochs", "many", RANKBOARD_URL=server.url)
-    assert wrong_type.returncode == 2 and "--epochs: invalid int value: 'many'" in wrong_type.stderr
+    assert wrong_type.returncode == 2 and wrong_type.stderr == (
+        "rankboard runs start: argument --epochs: invalid int value: 'many' (see rankboard runs start -h)\n"
+    )
 
 
 @pytest.fixture(scope="module")
