@@ -47,3 +47,13 @@ def test_no_command_line_goes_through_a_shell() -> None:
         for path in (REPO / folder).rglob("*.py"):
             source = path.read_text()
             assert "shell=True" not in source and "os.system(" not in source, path
+
+
+def test_the_api_client_needs_only_the_standard_library() -> None:
+    """`app.client` and `rankboard runs` run where only the client is wanted (a laptop, a notebook, a CI job), and
+    start fast: the standard library, the client, and pandas when a DataFrame is asked for."""
+    modules = imported_modules("app")
+    for name in ("app/client.py", "app/runs_cli.py"):
+        third_party = {m.split(".")[0] for m in modules[name]} - set(sys.stdlib_module_names)
+        assert third_party - {"app", "pandas"} == set(), name
+        assert {m for m in modules[name] if m.split(".")[0] == "app" and not m.startswith("app.client")} == set()
