@@ -18,7 +18,7 @@ from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
-from app.services import checkpoints, files, health, metrics, storage
+from app.services import alerts, checkpoints, files, health, metrics, storage
 from app.settings import Settings
 from app.store import audit
 from app.store import metrics as metric_store
@@ -165,10 +165,17 @@ def stop_run(db: Session, *, run_id: int, launchers: Launchers, actor: str = "lo
 
 
 def supervise(
-    db: Session, *, launchers: Launchers, folders: RunFolders, grace: timedelta, stall_after: timedelta
+    db: Session,
+    *,
+    launchers: Launchers,
+    folders: RunFolders,
+    grace: timedelta,
+    stall_after: timedelta,
+    alert_rules: alerts.AlertRules | None = None,
 ) -> None:
     """One tick: end the runs whose processes ended, escalate stops past their grace, note the live runs that stopped
-    progressing (or move again), start what fits."""
+    progressing (or move again), raise the alerts of what changed (queued: sent after this commits), start what
+    fits."""
     with db.begin():
         active = [run for run in run_store.runs_with_status(db, WATCHED) if run.status in ACTIVE or run.job_id]
         for launcher in launchers.all():
@@ -180,6 +187,8 @@ def supervise(
             _observe(db, run, launcher=launcher)
             _check_active(db, run, launcher=launcher, folders=folders, grace=grace)
             health.record(db, run, now=utcnow(), stall_after=stall_after)  # only a run still running, so alive
+        if alert_rules is not None:
+            alerts.check(db, runs=active, rules=alert_rules, now=utcnow())
         _start_queued(db, launchers=launchers)
 
 

@@ -1,0 +1,139 @@
+"""Alerts to a real HTTP receiver on 127.0.0.1: a run that fails (a real torchrun of a script that raises) alerts
+once per webhook, Slack's body and the generic one; a receiver that is down gets bounded retries, then the delivery
+is failed; meanwhile the API answers."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from tests.live import free_port, wait_for
+
+FAILING = "import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n"
+
+
+class Receiver:
+    """A webhook receiver: keeps every POST (path, JSON body) it gets."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, Any]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                receiver.got.append((self.path, json.loads(self.rfile.read(length))))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    made = Receiver()
+    yield made
+    made.close()
+
+
+def start_failing_run(client: TestClient, name: str) -> int:
+    """A run of a script that exits 3, launched by the server (a real torchrun); returns once it is failed."""
+    run_id = int(client.post("/api/runs", json={"name": name, "script": "fails.py", "nproc_per_node": 1}).json()["id"])
+    wait_for(lambda: client.get(f"/api/runs/{run_id}").json()["status"] == "failed", 120, what="the run to fail")
+    return run_id
+
+
+def make_app(root: Path, webhooks: list[dict[str, Any]], **extra: Any) -> TestClient:
+    settings = Settings(data_dir=root / "data", shared_dir=root / "shared", supervise_interval_s=0.2, slots=2,
+                        alert_webhooks=webhooks, **{"alert_disk_free_percent": 0, **extra})  # fmt: skip
+    (root / "shared").mkdir(parents=True, exist_ok=True)
+    (root / "shared" / "fails.py").write_text(FAILING)
+    return TestClient(create_app(settings))
+
+
+def test_a_failed_run_alerts_once_per_webhook_with_each_body(tmp_path: Path, receiver: Receiver) -> None:
+    hooks = [
+        {"url": f"{receiver.url}/slack/T000/SECRET", "format": "slack", "events": ["failed"]},
+        {"url": f"{receiver.url}/generic", "format": "json", "events": ["failed", "lost", "succeeded"]},
+    ]
+    with make_app(tmp_path, hooks) as client:
+        run_id = start_failing_run(client, "doomed")
+        wait_for(lambda: len(receiver.got) >= 2, 30, what="two deliveries")
+        time.sleep(1.5)  # several more ticks: the failure is still there, and must not alert again
+        deliveries = client.get(f"/api/runs/{run_id}/alerts").json()
+        page = client.get(f"/runs/{run_id}").text
+    assert sorted(path for path, _ in receiver.got) == ["/generic", "/slack/T000/SECRET"]
+    bodies = dict(receiver.got)
+    slack = bodies["/slack/T000/SECRET"]
+    assert list(slack) == ["text"] and f"run {run_id} (doomed) failed: torchrun exited with" in slack["text"]
+    assert f"/runs/{run_id}|open>" in slack["text"]
+    generic = bodies["/generic"]
+    assert (generic["condition"], generic["run"]["id"], generic["run"]["name"], generic["run"]["status"]) == (
+        "failed", run_id, "doomed", "failed")  # fmt: skip
+    assert generic["url"].endswith(f"/runs/{run_id}") and "torchrun exited with" in generic["message"]
+    assert [(d["condition"], d["status"], d["attempts"], d["url_host"]) for d in deliveries] == [
+        ("failed", "sent", 1, "127.0.0.1")] * 2  # fmt: skip
+    assert all("SECRET" not in d["webhook"] for d in deliveries) and "SECRET" not in page
+    assert page.count('class="delivery-sent"') == 2
+
+
+def test_receivers_down_or_hung_get_retries_then_the_delivery_fails_and_the_api_answers_meanwhile(
+    tmp_path: Path,
+) -> None:
+    down = f"http://127.0.0.1:{free_port()}/down"  # nothing listens there: refused at once
+    hung = socket.create_server(("127.0.0.1", 0))  # takes connections into its backlog, never answers
+    hooks = [
+        {"url": down, "events": ["failed"], "name": "down"},
+        {"url": f"http://127.0.0.1:{hung.getsockname()[1]}/hung", "events": ["failed"], "name": "hung"},
+    ]
+    with hung, make_app(tmp_path, hooks, alert_attempts=3, alert_backoff_s=0.2, alert_timeout_s=1) as client:
+        run_id = start_failing_run(client, "unheard")
+        seen: list[dict[str, tuple[str, int]]] = []
+
+        def both_failed() -> bool:
+            found = {
+                d["webhook"]: (d["status"], d["attempts"]) for d in client.get(f"/api/runs/{run_id}/alerts").json()
+            }
+            seen.append(found)
+            return len(found) == 2 and all(status == "failed" for status, _ in found.values())
+
+        wait_for(both_failed, 30, interval=0.1, what="both deliveries to be marked failed")
+        final = {d["webhook"]: d for d in client.get(f"/api/runs/{run_id}/alerts").json()}
+    assert {name: d["attempts"] for name, d in final.items()} == {"down": 3, "hung": 3}
+    assert "ConnectionRefusedError" in final["down"]["last_error"] and "timed out" in final["hung"]["last_error"]
+    # The API answered while the hung receiver held the sender: it saw that delivery pending, between its tries.
+    assert any(seen_now.get("hung", ("", 0))[0] == "pending" and seen_now["hung"][1] >= 1 for seen_now in seen)
+
+
+def test_a_condition_that_holds_tick_after_tick_alerts_once(tmp_path: Path, receiver: Receiver) -> None:
+    """The shared disk "nearly full" below 100% free: true on every tick, so only de-duplication keeps it to one."""
+    hooks = [{"url": f"{receiver.url}/disk", "events": ["disk_low"]}]
+    with make_app(tmp_path, hooks, alert_disk_free_percent=100) as client:
+        wait_for(lambda: receiver.got, 30, what="the disk alert")
+        time.sleep(1.5)  # several more ticks of 0.2 s
+        listed = client.get("/api/alerts").json()
+    assert [(path, body["condition"], body["run"]) for path, body in receiver.got] == [("/disk", "disk_low", None)]
+    assert "below 100%" in receiver.got[0][1]["message"]
+    assert [(d["condition"], d["run_id"], d["status"]) for d in listed["deliveries"]] == [("disk_low", None, "sent")]
+    assert [(w["host"], w["events"]) for w in listed["webhooks"]] == [("127.0.0.1", ["disk_low"])]
