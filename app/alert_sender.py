@@ -1,8 +1,9 @@
 """A background thread that posts queued alerts to their webhooks, one try at a time, outside any transaction.
 
-Each try is bounded (connect and read time-outs); a redirect is refused, never followed, so a webhook cannot send
-the alert on to a host the admin did not name; proxies in the environment are not used. What each try gave is kept
-on its delivery (app.services.alerts.record_attempt), so a restarted server goes on with what was still pending.
+Each try is bounded: connecting, sending, and reading the status line and headers each wait at most
+alert_timeout_s (the body is never read). A redirect is refused, never followed, so a webhook cannot send the alert on
+to a host the admin did not name; proxies in the environment are not used. What each try gave is kept on its
+delivery (app.services.alerts.record_attempt), so a restarted server goes on with what was still pending.
 """
 
 from __future__ import annotations
@@ -85,8 +86,7 @@ def post(url: str, body: str, *, timeout: float) -> tuple[str | None, int | None
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         connection.request("POST", target, body=body.encode(), headers={
             "Content-Type": "application/json", "User-Agent": "rankboard-alerts"})  # fmt: skip
-        response = connection.getresponse()
-        response.read(64 * 1024)
+        response = connection.getresponse()  # the status is all we need: its body is never read
     finally:
         connection.close()
     status = response.status

@@ -129,13 +129,18 @@ def body(webhook: Webhook, *, alert: Alert, run: Run | None, public_url: str) ->
     """What is posted: Slack's `{"text": ...}`, or a generic JSON object with every field on its own."""
     link = f"{public_url}/runs/{run.id}" if run else f"{public_url}/files"
     if webhook.format == "slack":
-        return json.dumps({"text": f"Rankboard: {alert.message} <{link}|open>"})
+        return json.dumps({"text": f"Rankboard: {slack_escaped(alert.message)} <{link}|open>"})
     return json.dumps({
         "source": "rankboard", "condition": alert.condition, "message": alert.message,
         "raised_at": alert.raised_at.isoformat(), "url": link,
         "run": None if run is None else {"id": run.id, "name": run.name, "status": run.status.value,
                                          "reason": run.status_reason, "step": run.step},
     })  # fmt: skip
+
+
+def slack_escaped(text: str) -> str:
+    """Text as Slack's mrkdwn reads it literally: its three control characters escaped (a run's name may hold them)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def backoff(attempts: int, *, first_s: float) -> timedelta:

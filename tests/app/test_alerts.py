@@ -24,9 +24,9 @@ FAILING = "import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n"
 
 
 class Receiver:
-    """A webhook receiver: keeps every POST (path, JSON body) it gets."""
+    """A webhook receiver: keeps every POST (path, JSON body) it gets; answers 200, or a redirect to `redirect`."""
 
-    def __init__(self) -> None:
+    def __init__(self, redirect: str | None = None) -> None:
         self.got: list[tuple[str, Any]] = []
         receiver = self
 
@@ -34,7 +34,9 @@ class Receiver:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 receiver.got.append((self.path, json.loads(self.rfile.read(length))))
-                self.send_response(200)
+                self.send_response(200 if redirect is None else 307)
+                if redirect is not None:
+                    self.send_header("Location", redirect)
                 self.end_headers()
 
             def log_message(self, *args: object) -> None:
@@ -137,3 +139,18 @@ def test_a_condition_that_holds_tick_after_tick_alerts_once(tmp_path: Path, rece
     assert "below 100%" in receiver.got[0][1]["message"]
     assert [(d["condition"], d["run_id"], d["status"]) for d in listed["deliveries"]] == [("disk_low", None, "sent")]
     assert [(w["host"], w["events"]) for w in listed["webhooks"]] == [("127.0.0.1", ["disk_low"])]
+
+
+def test_a_redirect_is_never_followed(tmp_path: Path, receiver: Receiver) -> None:
+    """A webhook that answers 307 elsewhere (here another port): the alert goes no further, and fails at once."""
+    redirecting = Receiver(redirect=f"{receiver.url}/elsewhere")
+    try:
+        hooks = [{"url": f"{redirecting.url}/hook", "events": ["disk_low"]}]
+        with make_app(tmp_path, hooks, alert_disk_free_percent=100) as client:
+            statuses = lambda: [d["status"] for d in client.get("/api/alerts").json()["deliveries"]]  # noqa: E731
+            wait_for(lambda: statuses() == ["failed"], 30, what="the delivery to fail")
+            delivery = client.get("/api/alerts").json()["deliveries"][0]
+    finally:
+        redirecting.close()
+    assert [path for path, _ in redirecting.got] == ["/hook"] and receiver.got == []
+    assert delivery["attempts"] == 1 and delivery["http_status"] == 307 and "not followed" in delivery["last_error"]
