@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,3 +124,12 @@ def test_with_authentication_on_it_needs_a_viewer_or_a_token(tmp_path: Path) -> 
                                          actor="test").secret  # fmt: skip
         scraped = client.get("/metrics", headers={"Authorization": f"Bearer {secret}"})
         assert scraped.status_code == 200 and "rankboard_runs" in families(scraped.text)
+
+
+def test_the_grafana_dashboard_asks_only_for_metrics_that_are_served(scraped: Any) -> None:
+    client, _fed = scraped
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "examples" / "grafana_dashboard.json").read_text())
+    asked = {name for panel in dashboard["panels"] for target in panel["targets"]
+             for name in re.findall(r"rankboard_[a-z_]+", target["expr"])}  # fmt: skip
+    served = {sample.name for samples in families(client.get("/metrics").text).values() for sample in samples}
+    assert asked and asked <= served, asked - served
