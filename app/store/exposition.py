@@ -30,7 +30,7 @@ def latest_gpu_samples(
     """
     if not run_ids:
         return []
-    inner = POINTS.alias("inner")
+    inner = POINTS.alias("newest_points")
     newest = select(func.max(inner.c.step)).where(inner.c.series_id == SERIES.c.id).scalar_subquery()
     keys = or_(*(SERIES.c.key.like(f"gpu/%/{field}") for field in fields))
     query = (
