@@ -13,9 +13,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 DEFAULT_SHARED_DIR = Path("/mnt/shared")
 # A list setting: from the environment, comma-separated (RANKBOARD_ALLOWED_HOSTS=a.example,b.example).
 Names = Annotated[list[str], NoDecode]
-# What an alert rule may name (app.services.alerts); the others (straggler, non-finite loss) need signals not yet kept.
-AlertCondition = Literal["failed", "lost", "not_progressing", "succeeded", "disk_low"]
-ALERT_CONDITIONS: tuple[AlertCondition, ...] = ("failed", "lost", "not_progressing", "succeeded", "disk_low")
+# What an alert rule may name (app.services.alerts); a straggler needs signals not yet kept.
+AlertCondition = Literal["failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low"]
+ALERT_CONDITIONS: tuple[AlertCondition, ...] = (
+    "failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low"
+)  # fmt: skip
 
 
 class Webhook(BaseModel):
@@ -103,7 +105,8 @@ class Settings(BaseSettings):
     alert_webhooks: list[Webhook] = Field(
         default_factory=list,
         description='Alert rules as JSON: [{"url": "https://hooks.slack.com/...", "format": "slack", "events": '
-        '["failed", "lost"]}]; events: failed, lost, not_progressing, succeeded, disk_low (default: all).',
+        '["failed", "lost"]}]; events: failed, lost, not_progressing, non_finite_loss, succeeded, disk_low '
+        "(default: all).",
     )
     alert_disk_free_percent: float = Field(
         default=5.0, ge=0, le=100, description="disk_low: the shared folder's free space below this percentage."

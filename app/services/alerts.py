@@ -1,5 +1,6 @@
-"""Alerts: which conditions hold now (run failed, lost, not progressing, succeeded; the shared disk nearly full),
-one alert per condition per run until it clears, and its deliveries queued for the webhooks that asked for it.
+"""Alerts: which conditions hold now (a run failed, lost, not progressing, its loss not finite, succeeded; the shared
+disk nearly full), one alert per condition per run until it clears, and its deliveries queued for the webhooks that
+asked for it.
 
 The supervisor's tick calls `check` inside its own transaction: it only writes rows. Sending is app.alert_sender's
 background thread, outside any transaction, so a slow or dead receiver never holds up a tick or a request.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,10 +25,11 @@ from app.services import health, storage
 from app.settings import ALERT_CONDITIONS, Settings, Webhook
 from app.store import alerts as alert_store
 from app.store import health as health_store
+from app.store import metrics as metric_store
 from app.store import runs as run_store
 
 # Signals that other work will add; the alerts page lists them as not yet available.
-NOT_YET_AVAILABLE = ("straggler", "non-finite loss")
+NOT_YET_AVAILABLE = ("straggler",)
 BACKOFF_CAP_S = 60.0
 # A final state is a condition of the run's latest launch: a resumed run that fails again is a new alert.
 FINAL_CONDITIONS = {"failed": RunStatus.failed, "lost": RunStatus.lost, "succeeded": RunStatus.succeeded}
@@ -63,7 +66,7 @@ def check(db: Session, *, runs: Sequence[Run], rules: AlertRules, now: datetime)
     """Raises the alerts of conditions that began, clears those that ended; returns the deliveries queued."""
     wanted = rules.conditions
     holding: dict[tuple[int | None, str], str] = {
-        (run.id, c): m for run in runs for c, m in _run_conditions(db, run).items() if c in wanted
+        (run.id, c): m for run in runs for c, m in _run_conditions(db, run, wanted=wanted).items() if c in wanted
     }
     if SERVER_WIDE in wanted and (message := _disk_low(rules)):
         holding[(None, SERVER_WIDE)] = message
@@ -86,15 +89,21 @@ def check(db: Session, *, runs: Sequence[Run], rules: AlertRules, now: datetime)
     return queued
 
 
-def _run_conditions(db: Session, run: Run) -> dict[str, str]:
+def _run_conditions(db: Session, run: Run, *, wanted: set[str]) -> dict[str, str]:
     """The conditions that hold for this run now, each with the sentence an alert says."""
     found = {c: f"run {run.id} ({run.name}) {c}: {run.status_reason}"
              for c, status in FINAL_CONDITIONS.items() if run.status == status}  # fmt: skip
-    if run.status == RunStatus.running:
+    if run.status != RunStatus.running:
+        return found
+    if "not_progressing" in wanted:  # what health.record noted on this tick, read back from its events
         prefixes = (health.NOT_PROGRESSING, health.PROGRESSING_AGAIN)
         last = health_store.last_event(db, run_id=run.id, prefixes=prefixes, since=run.started_at)
         if last is not None and last.reason.startswith(health.NOT_PROGRESSING):
             found["not_progressing"] = f"run {run.id} ({run.name}) is {last.reason}"
+    if "non_finite_loss" in wanted:
+        loss = metric_store.last_value(db, run_id=run.id, key="loss")
+        if loss is not None and not math.isfinite(loss):
+            found["non_finite_loss"] = f"run {run.id} ({run.name}) has a loss of {loss}"
     return found
 
 

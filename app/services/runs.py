@@ -177,7 +177,8 @@ def supervise(
     progressing (or move again), raise the alerts of what changed (queued: sent after this commits), start what
     fits."""
     with db.begin():
-        active = [run for run in run_store.runs_with_status(db, WATCHED) if run.status in ACTIVE or run.job_id]
+        watched = run_store.runs_with_status(db, WATCHED)
+        active = [run for run in watched if run.status in ACTIVE or run.job_id]
         for launcher in launchers.all():
             launcher.refresh([run for run in active if run.launcher == launcher.name])
         for run in active:
@@ -187,9 +188,9 @@ def supervise(
             _observe(db, run, launcher=launcher)
             _check_active(db, run, launcher=launcher, folders=folders, grace=grace)
             health.record(db, run, now=utcnow(), stall_after=stall_after)  # only a run still running, so alive
-        if alert_rules is not None:
-            alerts.check(db, runs=active, rules=alert_rules, now=utcnow())
         _start_queued(db, launchers=launchers)
+        if alert_rules is not None:  # queued runs too: one Slurm refused fails here, one resumed clears its alert
+            alerts.check(db, runs=watched, rules=alert_rules, now=utcnow())
 
 
 def _observe(db: Session, run: Run, *, launcher: Launcher) -> None:

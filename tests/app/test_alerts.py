@@ -5,6 +5,8 @@ is failed; meanwhile the API answers."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import socket
 import threading
 import time
@@ -16,9 +18,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.launcher import processes
 from app.main import create_app
+from app.models import Run, RunStatus, utcnow
+from app.services.runs import hash_token
 from app.settings import Settings
+from tests.app.conftest import TOKEN, post
 from tests.live import free_port, wait_for
+from trainer import wire
 
 FAILING = "import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n"
 
@@ -67,8 +74,8 @@ def start_failing_run(client: TestClient, name: str) -> int:
 
 
 def make_app(root: Path, webhooks: list[dict[str, Any]], **extra: Any) -> TestClient:
-    settings = Settings(data_dir=root / "data", shared_dir=root / "shared", supervise_interval_s=0.2, slots=2,
-                        alert_webhooks=webhooks, **{"alert_disk_free_percent": 0, **extra})  # fmt: skip
+    options = {"supervise_interval_s": 0.2, "slots": 2, "alert_disk_free_percent": 0, **extra}
+    settings = Settings(data_dir=root / "data", shared_dir=root / "shared", alert_webhooks=webhooks, **options)
     (root / "shared").mkdir(parents=True, exist_ok=True)
     (root / "shared" / "fails.py").write_text(FAILING)
     return TestClient(create_app(settings))
@@ -98,6 +105,18 @@ def test_a_failed_run_alerts_once_per_webhook_with_each_body(tmp_path: Path, rec
         ("failed", "sent", 1, "127.0.0.1")] * 2  # fmt: skip
     assert all("SECRET" not in d["webhook"] for d in deliveries) and "SECRET" not in page
     assert page.count('class="delivery-sent"') == 2
+
+
+def test_a_run_resumed_that_fails_again_alerts_again(tmp_path: Path, receiver: Receiver) -> None:
+    with make_app(tmp_path, [{"url": f"{receiver.url}/hook", "events": ["failed"]}]) as client:
+        run_id = start_failing_run(client, "twice")
+        wait_for(lambda: len(receiver.got) == 1, 30, what="the first alert")
+        assert client.post(f"/api/runs/{run_id}/resume").status_code == 202
+        wait_for(lambda: client.get(f"/api/runs/{run_id}").json()["status"] != "failed", 30, what="the resume")
+        wait_for(lambda: client.get(f"/api/runs/{run_id}").json()["status"] == "failed", 120, what="the 2nd failure")
+        wait_for(lambda: len(receiver.got) == 2, 30, what="the second alert")
+        time.sleep(1)
+    assert [body["run"]["id"] for _, body in receiver.got] == [run_id, run_id]
 
 
 def test_receivers_down_or_hung_get_retries_then_the_delivery_fails_and_the_api_answers_meanwhile(
@@ -154,3 +173,38 @@ def test_a_redirect_is_never_followed(tmp_path: Path, receiver: Receiver) -> Non
         redirecting.close()
     assert [path for path, _ in redirecting.got] == ["/hook"] and receiver.got == []
     assert delivery["attempts"] == 1 and delivery["http_status"] == 307 and "not followed" in delivery["last_error"]
+
+
+def test_a_run_not_progressing_or_with_a_non_finite_loss_alerts_once_until_it_clears(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """A running run (reported to by this process) with no step for longer than stall_after_s, then a loss of NaN,
+    a finite one (cleared), and an infinite one (a new alert). The test ticks the supervisor itself, so that the run
+    is never launched."""
+    hooks = [{"url": f"{receiver.url}/hook", "events": ["not_progressing", "non_finite_loss"]}]
+    with make_app(tmp_path, hooks, stall_after_s=1, supervise_interval_s=3600) as client:
+
+        def tick() -> bool:
+            client.app.state.supervisor.tick()  # type: ignore[attr-defined]
+            return True
+
+        run_id = int(client.post("/api/runs", json={"name": "quiet", "nproc_per_node": 1}).json()["id"])
+        me = os.getpid()
+        with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+            run = db.get(Run, run_id)
+            run.status, run.token_hash, run.started_at = RunStatus.running, hash_token(TOKEN), utcnow()
+            run.pid, run.pid_start_ticks = me, processes.start_ticks(me)
+        wait_for(lambda: tick() and receiver.got, 30, what="the not-progressing alert")
+        for step, loss in ((5, math.nan), (6, 0.5), (7, math.inf)):
+            before = len(receiver.got)
+            assert post(client, run_id, wire.Batch((wire.Point("loss", step, loss, 0, 1.7e9),)).to_json()).is_success
+            if not math.isfinite(loss):
+                wait_for(lambda: tick() and len(receiver.got) > before, 30, what=f"the alert of {loss}")  # noqa: B023
+            for _ in range(5):  # a condition that still holds does not alert again
+                tick()
+                time.sleep(0.2)
+    got = [(body["condition"], body["message"].partition(" has ")[2]) for _, body in receiver.got]
+    assert got[0] == ("not_progressing", "") and "is not progressing: no report from the trainer" in (
+        receiver.got[0][1]["message"])  # fmt: skip
+    assert [g for g in got if g[0] == "non_finite_loss"] == [
+        ("non_finite_loss", "a loss of nan"), ("non_finite_loss", "a loss of inf")]  # fmt: skip
