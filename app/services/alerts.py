@@ -113,7 +113,10 @@ def _relaunched_since(run: Run | None, alert: Alert) -> bool:
 
 
 def _disk_low(rules: AlertRules) -> str | None:
-    usage = storage.disk_usage(rules.shared)
+    try:
+        usage = storage.disk_usage(rules.shared)
+    except OSError:  # the shared folder unmounted: no alert of its space, and the supervisor's tick goes on
+        return None
     free = 100 * usage.free / usage.total if usage.total else 100.0
     if free >= rules.disk_free_percent:
         return None
