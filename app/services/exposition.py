@@ -34,7 +34,8 @@ Sample = tuple[dict[str, str], float]
 
 
 def render(db: Session, *, counters: IngestCounters) -> str:
-    """The whole exposition, read in one transaction so its numbers agree with one another."""
+    """The whole exposition, read in one transaction (one snapshot on PostgreSQL; SQLite's driver reads each query
+    afresh, so a batch stored meanwhile may show in one family and not yet in another)."""
     with db.begin():
         by_status = store.runs_by_status(db)
         runs = store.live_runs(db, statuses=LIVE, limit=MAX_RUNS)
