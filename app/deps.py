@@ -19,6 +19,7 @@ from app.errors import NotAuthenticated
 from app.folders import RunFolders
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
+from app.services.metrics import IngestCounters
 from app.settings import Settings
 
 
@@ -44,6 +45,10 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+async def get_ingest_counters(request: Request) -> IngestCounters:
+    return request.app.state.ingest_counters
+
+
 async def get_caller(request: Request) -> Caller:
     """Who sent the request, as app.auth.guard resolved it (LOCAL while authentication is off)."""
     caller = getattr(request.state, "caller", None)
@@ -58,3 +63,4 @@ FoldersDep = Annotated[RunFolders, Depends(get_folders)]
 LaunchersDep = Annotated[Launchers, Depends(get_launchers)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
+IngestCountersDep = Annotated[IngestCounters, Depends(get_ingest_counters)]

@@ -14,9 +14,11 @@ from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
 from app import __version__, logs_pages, pages, users_pages
+from app.alert_sender import AlertSender
+from app.api import alerts as alerts_api
 from app.api import charts as charts_api
+from app.api import exposition, guarded, health
 from app.api import files as files_api
-from app.api import guarded, health
 from app.api import host as host_api
 from app.api import runs as runs_api
 from app.api import users as users_api
@@ -29,8 +31,10 @@ from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.launcher.slurm import SlurmLauncher, slurm_available
 from app.services import users
+from app.services.alerts import AlertRules
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
+from app.services.metrics import IngestCounters
 from app.settings import Settings
 from app.stream import SharedFragments
 from app.supervisor import Supervisor
@@ -52,9 +56,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     launcher = LocalLauncher(settings, folders)
     offer_slurm = settings.launcher == "slurm" or (settings.launcher == "auto" and slurm_available())
     launchers = Launchers(launcher, SlurmLauncher(settings, folders) if offer_slurm else None)
+    alerting = bool(settings.alert_webhooks)
     supervisor = Supervisor(
         sessions, launchers, folders, interval=settings.supervise_interval_s, grace=settings.stop_grace_s,
-        stall_after=settings.stall_after_s,
+        stall_after=settings.stall_after_s, alert_rules=AlertRules.from_settings(settings) if alerting else None,
+        alert_sender=AlertSender(sessions, settings) if alerting else None,
     )  # fmt: skip
     host_sampler = HostSampler()  # NVML opened on the first look at the Host page, once for the app
     with sessions() as db:
@@ -82,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.supervisor, app.state.templates = supervisor, make_templates()
     app.state.host_sampler = host_sampler
     app.state.run_fragments = SharedFragments()
+    app.state.ingest_counters = IngestCounters()
     app.state.auth = switch
     app.state.login_throttle = LoginThrottle(limit=settings.login_attempts, window_s=settings.login_window_s)
     app.add_middleware(Guard, settings=settings, sessions=sessions, switch=switch, refuse=_error_response)
@@ -94,6 +101,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(files_api.router, responses=guarded())
     app.include_router(logs_pages.router, responses=guarded())  # the run page's log panel and the logs API
     app.include_router(users_api.router, responses=guarded())
+    app.include_router(alerts_api.router, responses=guarded())
+    if settings.prometheus:
+        app.include_router(exposition.router, responses=guarded())
     app.include_router(users_pages.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")

@@ -331,3 +331,41 @@ class AuditEntry(Base):
     action: Mapped[str] = mapped_column(String(32))
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class Alert(Base):
+    """One episode of an alert condition: raised once, cleared when the condition no longer holds (de-duplication:
+    no second alert of the same condition for the same run while one is open). `run_id` None: the server's own
+    (the shared folder's disk)."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    condition: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text)
+    raised_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    cleared_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class AlertDelivery(Base):
+    """One alert sent to one webhook: `webhook` is the rule's label (never its URL, which may hold a secret);
+    `status` pending until sent, or failed after its last attempt."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (Index("ix_alert_deliveries_status", "status", "next_attempt_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    alert_id: Mapped[int] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    condition: Mapped[str] = mapped_column(String(32))
+    webhook: Mapped[str] = mapped_column(String(200))
+    url_host: Mapped[str] = mapped_column(String(255))
+    body: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str] = mapped_column(Text, default="")
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    next_attempt_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -17,7 +17,7 @@ from app.launcher.launchers import Launchers
 from app.models import Run, RunStatus
 from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
 from app.schemas import RunCreate
-from app.services import checkpoints, files, health, host, metrics, run_charts, runs, storage
+from app.services import alerts, checkpoints, files, health, host, metrics, run_charts, runs, storage
 from app.settings import Settings
 from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
@@ -131,7 +131,9 @@ def run_page(request: Request, run_id: RunId, db: SessionDep, folders: FoldersDe
     charts = run_charts.run_charts(db, run=run)
     if request.headers.get("HX-Target") == "charts":
         return HTMLResponse(render_block(templates_of(request), "run.html", "charts", {"run": run, "charts": charts}))
-    return page(request, "run.html", {**run_context(run, folders, settings), "charts": charts})
+    deliveries = alerts.run_deliveries(db, run_id=run.id)
+    return page(request, "run.html", {**run_context(run, folders, settings), "charts": charts,
+                                      "alert_deliveries": deliveries})  # fmt: skip
 
 
 @router.post("/runs/{run_id}/stop")

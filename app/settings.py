@@ -7,12 +7,35 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import AnyHttpUrl, BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_SHARED_DIR = Path("/mnt/shared")
 # A list setting: from the environment, comma-separated (RANKBOARD_ALLOWED_HOSTS=a.example,b.example).
 Names = Annotated[list[str], NoDecode]
+# What an alert rule may name (app.services.alerts); a straggler needs signals not yet kept.
+AlertCondition = Literal["failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low"]
+ALERT_CONDITIONS: tuple[AlertCondition, ...] = (
+    "failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low"
+)  # fmt: skip
+
+
+class Webhook(BaseModel):
+    """Where alerts go: an admin's configuration (the URL may hold a secret, so only its host is ever shown)."""
+
+    url: AnyHttpUrl
+    format: Literal["json", "slack"] = Field(default="json", description="A generic JSON body, or Slack's {text}.")
+    events: list[AlertCondition] = Field(default_factory=lambda: list(ALERT_CONDITIONS), min_length=1)
+    name: str | None = Field(default=None, max_length=100, description="How deliveries name it; default: the host.")
+
+    @property
+    def label(self) -> str:
+        """The name deliveries are stored under: never the URL, whose path may be a secret."""
+        return self.name or self.host
+
+    @property
+    def host(self) -> str:
+        return self.url.host or ""
 
 
 class Settings(BaseSettings):
@@ -78,6 +101,21 @@ class Settings(BaseSettings):
     session_max_s: float = Field(default=7 * 24 * 3600, gt=0, description="A login ends this long after it began.")
     login_attempts: int = Field(default=5, ge=1, description="Failed logins allowed per name (and 4x per address)...")
     login_window_s: float = Field(default=300.0, gt=0, description="...within this many seconds; then 429 until then.")
+    prometheus: bool = Field(default=False, description="Serve Prometheus metrics at /metrics (viewers may read).")
+    alert_webhooks: list[Webhook] = Field(
+        default_factory=list,
+        description='Alert rules as JSON: [{"url": "https://hooks.slack.com/...", "format": "slack", "events": '
+        '["failed", "lost"]}]; events: failed, lost, not_progressing, non_finite_loss, succeeded, disk_low '
+        "(default: all).",
+    )
+    alert_disk_free_percent: float = Field(
+        default=5.0, ge=0, le=100, description="disk_low: the shared folder's free space below this percentage."
+    )
+    alert_attempts: int = Field(default=5, ge=1, le=20, description="Tries of one alert delivery before it fails.")
+    alert_timeout_s: float = Field(default=5.0, gt=0, le=60, description="One webhook call's connect+read limit.")
+    alert_backoff_s: float = Field(
+        default=1.0, gt=0, le=60, description="The wait before the 2nd try; doubled each try, at most 60 s."
+    )
     _shared_fallback: bool = PrivateAttr(default=False)
 
     @field_validator("allowed_hosts", "trusted_proxy", mode="before")

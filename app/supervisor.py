@@ -12,9 +12,11 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.alert_sender import AlertSender
 from app.folders import RunFolders
 from app.launcher.launchers import Launchers
 from app.services import runs
+from app.services.alerts import AlertRules
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,8 @@ class Supervisor:
         interval: float,
         grace: float,
         stall_after: float,
+        alert_rules: AlertRules | None = None,
+        alert_sender: AlertSender | None = None,
     ):
         self.sessions = sessions
         self.launchers = launchers
@@ -36,21 +40,27 @@ class Supervisor:
         self.interval = interval
         self.grace = timedelta(seconds=grace)
         self.stall_after = timedelta(seconds=stall_after)
+        self.alert_rules, self.alert_sender = alert_rules, alert_sender
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankboard-supervisor", daemon=True)
 
     def start(self) -> None:
+        if self.alert_sender is not None:
+            self.alert_sender.start()
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        if self.alert_sender is not None:
+            self.alert_sender.stop()
 
     def tick(self) -> None:
         with self.sessions() as db:
-            runs.supervise(
-                db, launchers=self.launchers, folders=self.folders, grace=self.grace, stall_after=self.stall_after
-            )
+            runs.supervise(db, launchers=self.launchers, folders=self.folders, grace=self.grace,
+                           stall_after=self.stall_after, alert_rules=self.alert_rules)  # fmt: skip
+        if self.alert_sender is not None:
+            self.alert_sender.wake()  # after the commit: what this tick raised is there to be sent
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -1,4 +1,5 @@
-"""The login page, logging out, and the admins' pages of users and API tokens. Each route calls one service."""
+"""The login page, logging out, and the admins' pages of users, API tokens and alerts. Each route calls one
+service."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from app.deps import CallerDep, SessionDep, SettingsDep
 from app.models import Role
 from app.pages import FormValues, page
 from app.params import NextPage, TokenId, UserName
-from app.services import tokens, users
+from app.services import alerts, tokens, users
 
 router = APIRouter(include_in_schema=False)
 ROLES = [role.value for role in Role]
@@ -100,3 +101,8 @@ def create_token(
 def revoke_token(token_id: TokenId, db: SessionDep, caller: CallerDep) -> Response:
     tokens.revoke_token(db, token_id=token_id, actor=caller.name)
     return RedirectResponse("/tokens", status_code=303)
+
+
+@router.get("/alerts", response_class=HTMLResponse)
+def alerts_page(request: Request, db: SessionDep, settings: SettingsDep) -> Response:
+    return page(request, "alerts.html", {"alerts": alerts.overview(db, settings=settings)})

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.api import UNREADABLE_BODY, documented
-from app.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
+from app.deps import CallerDep, FoldersDep, IngestCountersDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound
 from app.models import Run, RunStatus
 from app.params import (
@@ -109,9 +109,13 @@ def metric_keys(run_id: RunId, db: SessionDep) -> list[str]:
              responses={**documented(InvalidToken, RunNotFound, RunNotActive), **UNREADABLE_BODY},
              summary="Ingest a trainer's batch (idempotent)")  # fmt: skip
 def ingest(
-    run_id: RunId, batch: BatchIn, db: SessionDep, token: Annotated[str, Depends(trainer_token)]
+    run_id: RunId,
+    batch: BatchIn,
+    db: SessionDep,
+    token: Annotated[str, Depends(trainer_token)],
+    counters: IngestCountersDep,
 ) -> IngestResult:
-    return metrics.ingest(db, run_id=run_id, token=token, batch=batch)
+    return metrics.ingest(db, run_id=run_id, token=token, batch=batch, counters=counters)
 
 
 @router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut, responses=documented(RunNotFound),

@@ -13,7 +13,7 @@ UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # wait on, and the trainer's ingest, which proves itself with its run's own token (checked by the route).
 PUBLIC = re.compile(r"^/(login|static/.*|api/health|favicon\.ico)$")
 INGEST = re.compile(r"^/api/runs/\d+/metrics$")
-ADMIN_ONLY = re.compile(r"^(/api)?/(users|tokens)(/.*)?$")
+ADMIN_ONLY = re.compile(r"^(/api)?/(users|tokens|alerts)(/.*)?$")
 ANY_USER_MAY_POST = frozenset({"/logout"})
 
 Via = Literal["local", "session", "token", "proxy"]

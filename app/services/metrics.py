@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,7 +27,24 @@ ACCEPTS_METRICS = (RunStatus.queued, RunStatus.starting, RunStatus.running, RunS
 CLOCK_STEPPED = (wire.GPU_KEY.partition("{")[0], wire.SYS_KEY.partition("{")[0])
 
 
-def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestResult:
+class IngestCounters:
+    """Batches and points taken since this server process started (kept in memory: they restart from 0 with it, as
+    Prometheus counters may), for /metrics."""
+
+    def __init__(self) -> None:
+        self.batches = self.accepted = self.stored = 0
+        self._lock = threading.Lock()  # ingest runs in the thread pool: += is not atomic across threads
+
+    def add(self, result: IngestResult) -> None:
+        with self._lock:
+            self.batches += 1
+            self.accepted += result.accepted
+            self.stored += result.stored
+
+
+def ingest(
+    db: Session, *, run_id: int, token: str, batch: BatchIn, counters: IngestCounters | None = None
+) -> IngestResult:
     """Stores a batch in one transaction; points already stored (a retry, a replayed spool) are skipped."""
     with db.begin():
         run = runs.get_run(db, run_id=run_id)
@@ -41,7 +59,10 @@ def ingest(db: Session, *, run_id: int, token: str, batch: BatchIn) -> IngestRes
             if run.status in (RunStatus.queued, RunStatus.starting):
                 what = "progress" if batch.progress is not None else "step"
                 run_store.set_status(db, run, RunStatus.running, f"the trainer reported its first {what}")
-    return IngestResult(accepted=len(batch.points), stored=stored)
+    result = IngestResult(accepted=len(batch.points), stored=stored)
+    if counters is not None:  # counted once committed: a batch refused or rolled back was not taken
+        counters.add(result)
+    return result
 
 
 def advance_progress(run: Run, batch: BatchIn) -> bool:

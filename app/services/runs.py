@@ -18,7 +18,7 @@ from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
-from app.services import checkpoints, files, health, metrics, storage
+from app.services import alerts, checkpoints, files, health, metrics, storage
 from app.settings import Settings
 from app.store import audit
 from app.store import metrics as metric_store
@@ -165,12 +165,20 @@ def stop_run(db: Session, *, run_id: int, launchers: Launchers, actor: str = "lo
 
 
 def supervise(
-    db: Session, *, launchers: Launchers, folders: RunFolders, grace: timedelta, stall_after: timedelta
+    db: Session,
+    *,
+    launchers: Launchers,
+    folders: RunFolders,
+    grace: timedelta,
+    stall_after: timedelta,
+    alert_rules: alerts.AlertRules | None = None,
 ) -> None:
     """One tick: end the runs whose processes ended, escalate stops past their grace, note the live runs that stopped
-    progressing (or move again), start what fits."""
+    progressing (or move again), raise the alerts of what changed (queued: sent after this commits), start what
+    fits."""
     with db.begin():
-        active = [run for run in run_store.runs_with_status(db, WATCHED) if run.status in ACTIVE or run.job_id]
+        watched = run_store.runs_with_status(db, WATCHED)
+        active = [run for run in watched if run.status in ACTIVE or run.job_id]
         for launcher in launchers.all():
             launcher.refresh([run for run in active if run.launcher == launcher.name])
         for run in active:
@@ -181,6 +189,8 @@ def supervise(
             _check_active(db, run, launcher=launcher, folders=folders, grace=grace)
             health.record(db, run, now=utcnow(), stall_after=stall_after)  # only a run still running, so alive
         _start_queued(db, launchers=launchers)
+        if alert_rules is not None:  # queued runs too: one Slurm refused fails here, one resumed clears its alert
+            alerts.check(db, runs=watched, rules=alert_rules, now=utcnow())
 
 
 def _observe(db: Session, run: Run, *, launcher: Launcher) -> None:

@@ -10,6 +10,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.db import make_engine
 from app.main import create_app
@@ -104,3 +105,16 @@ def test_ids_and_steps_past_their_columns_are_refused_not_500(pg_client: TestCli
     page = pg_client.get(f"/api/runs/{run_id}/metrics/loss", params={"start_step": top, "end_step": top}).json()
     assert [p["step"] for p in page["points"]] == [top]
     assert pg_client.get(f"/api/runs/{run_id}/metrics/loss", params={"start_step": top + 1}).status_code == 422
+
+
+def test_metrics_for_prometheus_read_the_newest_gpu_sample_on_postgresql(admin_dsn: str, tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared", prometheus=True,
+                        database_url=new_database(admin_dsn), supervise_interval_s=3600, slots=2)  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        run_id = running_run(client)
+        key = wire.GPU_KEY.format(host="node-a", index=3, field="util")
+        points = tuple(wire.Point(key, 1_790_000_000 + s, float(s), 0, 0.0) for s in range(5))
+        assert post(client, run_id, wire.Batch(points).to_json()).status_code == 200
+        scraped = {f.name: f.samples for f in text_string_to_metric_families(client.get("/metrics").text)}
+    util = [(s.labels, s.value) for s in scraped["rankboard_gpu_utilization_ratio"]]
+    assert util == [({"run_id": str(run_id), "host": "node-a", "gpu": "3"}, 0.04)]

@@ -174,6 +174,7 @@ def run_page(answer: Answer) -> None:
         assert "Resume from step 40" in answer.text
     # The explanation sits with the logs, far down: a failed or lost run links to it from its status.
     assert ('<a href="#explain">What went wrong</a>' in answer.text) == (run.state in ("failed", "lost"))
+    assert 'id="run-alerts"' in answer.text and "No alerts sent." in answer.text  # the section, in every state
     if run.live:
         assert ("Stopping…</button>" if run.status == RunStatus.stopping else "Stop</button>") in answer.text
 
@@ -425,6 +426,10 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/api/me": holds(lambda answer: answer.json() == {"name": "local", "role": "admin", "via": "local"}),
     "/api/users": holds(lambda answer: answer.json() == []),
     "/api/tokens": holds(lambda answer: answer.json() == []),
+    # No webhook configured in the walk: the rules say so, and nothing was sent (tests/app/test_alerts.py sends).
+    "/alerts": holds(lambda answer: "<h1>Alerts</h1>" in answer.text and "No webhooks configured" in answer.text),
+    "/api/alerts": holds(lambda answer: answer.json()["webhooks"] == [] and answer.json()["deliveries"] == []),
+    "/api/runs/{run_id}/alerts": holds(lambda answer: answer.json() == []),
 }
 
 # Besides a plain GET, what the pages ask each route for: query parameters, and the fragment's target (`_target`,
