@@ -295,7 +295,7 @@ class SlurmLauncher:
         for run in runs:
             job = self.observe(run)
             # job_state is None: the server has not seen this job before, so it is the one it submitted held.
-            held = job is not None and run.job_id is not None and run.job_state is None and job.reason == HELD
+            held = job is not None and job.reason == HELD and run.job_state is None
             if held and run.job_id and self._scontrol(["release", run.job_id]):
                 self._jobs.pop(run.job_id)  # its listing says held: alive until the next one says more
                 self._submitted_at[run.job_id] = time.monotonic()
