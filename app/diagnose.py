@@ -213,7 +213,7 @@ def tracebacks(log: LogText) -> list[Traceback]:
             i += 1
             continue
         end, last = _traceback_end(lines, i)
-        if not any(report in last for report in TORCHRUN_REPORTS):
+        if last and not any(report in last for report in TORCHRUN_REPORTS):
             found.append(Traceback("\n".join(lines[i:end][-MAX_TRACEBACK_LINES:]), last.strip()))
         i = end
     return found
@@ -225,8 +225,8 @@ def _traceback_end(lines: list[str], start: int) -> tuple[int, str]:
     while i < len(lines):
         while i < len(lines) and lines[i].startswith((" ", "\t")):
             i += 1  # the frames: indented
-        if i >= len(lines):
-            break
+        if i >= len(lines) or lines[i].strip() == TRACEBACK_START:
+            break  # another process's traceback began in the same file: this one's end is mixed into that one
         last, i = lines[i], i + 1
         while i < len(lines) and lines[i].strip() and not lines[i].startswith(TRACEBACK_START):
             i += 1  # a message of several lines

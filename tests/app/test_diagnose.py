@@ -248,3 +248,15 @@ def test_a_step_cancelled_because_another_task_failed_is_left_to_that_tasks_erro
     failed = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\nValueError: bad batch\n'
     found = diagnose([LogText(None, "stdout", launcher), LogText(1, "stderr", failed)])
     assert [(d.kind, d.rank) for d in found] == [("exception", 1)]
+
+
+def test_two_stopped_agents_tracebacks_interleaved_in_one_file_are_no_failure() -> None:
+    """Every node's torchrun writes to Slurm's one output file: after a stop their SignalException reports mix."""
+    frames = [
+        '  File "torch/distributed/run.py", line 1032, in <module>\n    main()\n',
+        '  File "torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler\n',
+    ]
+    start = "Traceback (most recent call last):\n"
+    report = "torch.distributed.elastic.multiprocessing.api.SignalException: Process {} got signal: 15\n"
+    mixed = start + frames[0] + start + frames[0] + frames[1] + report.format(41) + frames[1] + report.format(42)
+    assert diagnose([LogText(None, "stdout", "srun: error: vm: tasks 0-1: Exited with exit code 1\n" + mixed)]) == []
