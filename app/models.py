@@ -136,6 +136,14 @@ class Run(Base):
     slurm_requeue: Mapped[bool] = mapped_column(default=False)
     slurm_max_requeues: Mapped[int] = mapped_column(Integer, default=1)
 
+    # A run launched elsewhere (launcher "external"): the job's key that every rank joins by, what the script said
+    # of itself, how many ranks its job has, when any of them last posted, and whether its script takes a stop.
+    external_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    config: Mapped[dict[str, object] | None] = mapped_column(JSON)
+    world_size: Mapped[int | None] = mapped_column(Integer)
+    contact_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    takes_stop: Mapped[bool] = mapped_column(default=False)
+
     created_by: Mapped[str | None] = mapped_column(String(200))  # who asked for it (an Actor's name); None: before 0009
     # The trainer proves who it is with a token made for each launch; only its hash is kept.
     token_hash: Mapped[str | None] = mapped_column(String(64))
@@ -236,6 +244,19 @@ class RunRank(Base):
     host: Mapped[str] = mapped_column(String(255))
     step: Mapped[int] = mapped_column(STEP_TYPE)
     heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # An external run's rank says how its process ended: "finished" (report.finished()), "exited", "failed".
+    ended: Mapped[str | None] = mapped_column(String(16))
+
+
+class RunToken(Base):
+    """A token one process of an external run got when it joined; only its SHA-256 is kept. (A launched run's one
+    token is `Run.token_hash`.)"""
+
+    __tablename__ = "run_tokens"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
 
 
 class MetricTier(Base):

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StringConstraints,
+    model_validator,
+)
 
 from app.models import RunStatus
 from trainer import wire
@@ -268,6 +278,12 @@ class RunOut(BaseModel):
     node_list: str | None = Field(description="The nodes Slurm gave the job.")
     attempt: int = Field(description="1 once launched; each requeue after Slurm's time-limit warning adds one.")
     created_by: str | None = Field(default=None, description="Who created the run (None: before it was recorded).")
+    # Of a run launched elsewhere (launcher "external"); None or false for the others.
+    external_key: str | None = Field(default=None, description="The key its processes join by.")
+    config: dict[str, Any] | None = Field(default=None, description="What its script said of itself.")
+    world_size: int | None = Field(default=None, description="The ranks its job said it has.")
+    contact_at: datetime | None = Field(default=None, description="When any of its processes last posted.")
+    takes_stop: bool = Field(default=False, description="Its script stops when asked (report.stop_requested).")
 
 
 class RunDetail(RunOut):
@@ -335,6 +351,17 @@ class HeartbeatIn(BaseModel):
     step: int = Field(ge=0, le=wire.MAX_STEP, strict=True)
 
 
+class EndedIn(BaseModel):
+    """How one process of a run launched elsewhere ended (`wire.Ended`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rank: int = Field(ge=0, le=wire.MAX_RANK, strict=True)
+    host: HostName
+    how: Annotated[str, _one_of(wire.ENDINGS)]
+    error: Annotated[str, StringConstraints(max_length=2000)] | None = None
+
+
 class BatchIn(BaseModel):
     """A batch of metric points from a trainer, with its progress, node inventory and heartbeat; see `trainer.wire`."""
 
@@ -344,6 +371,44 @@ class BatchIn(BaseModel):
     progress: ProgressIn | None = None
     node: NodeIn | None = None
     heartbeat: HeartbeatIn | None = None
+    ended: EndedIn | None = None
+
+
+def _small_config(config: dict[str, Any]) -> dict[str, Any]:
+    size = len(json.dumps(config, default=str))
+    if size > wire.MAX_CONFIG_BYTES:
+        raise ValueError(f"{size} bytes as JSON; at most {wire.MAX_CONFIG_BYTES}")
+    return config
+
+
+class JoinIn(BaseModel):
+    """One process of a run launched elsewhere asks to report into its job's run (`wire.Join`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")] = Field(
+        description="What every process of the job shares: its Slurm id, torchrun's rendezvous id, or your own "
+        "(printable, no spaces)."
+    )
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
+    config: Annotated[dict[str, Any], AfterValidator(_small_config)] = Field(default_factory=dict)
+    rank: int = Field(ge=0, le=wire.MAX_RANK, strict=True)
+    world_size: int = Field(ge=1, le=wire.MAX_RANK, strict=True)
+    local_world_size: int = Field(ge=1, le=wire.MAX_RANK, strict=True)
+    host: HostName
+    takes_stop: bool = Field(default=False, description="The script reads report.stop_requested() and stops itself.")
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> JoinIn:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        return self
+
+
+class JoinOut(BaseModel):
+    run_id: int
+    token: str = Field(description="This process's own token for the run's ingest endpoint.")
+    created: bool = Field(description="This process's join made the run; the others joined it.")
 
 
 class ErrorOut(BaseModel):
@@ -355,6 +420,7 @@ class ErrorOut(BaseModel):
 class IngestResult(BaseModel):
     accepted: int = Field(description="Points in the batch.")
     stored: int = Field(description="Points that were new; the rest were already stored (a retry).")
+    stop: bool = Field(default=False, description="A run launched elsewhere was asked to stop (report.stop_requested).")
 
 
 class PointOut(BaseModel):
@@ -530,6 +596,18 @@ class GpuSpinOut(BaseModel):
     util: float = Field(description="%")
     power: float = Field(description="W")
     power_limit: float = Field(description="W")
+
+
+class RankOut(BaseModel):
+    """One rank's own last heartbeat, and how its process ended (runs launched elsewhere)."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    rank: int
+    host: str
+    step: int
+    heartbeat_at: datetime
+    ended: str | None = Field(description="A run launched elsewhere: finished, exited or failed; null while it runs.")
 
 
 class HealthOut(BaseModel):

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     stall_after_s: float = Field(
         default=60.0, gt=0, description="A running run whose ranks' heartbeats are older than this is not progressing."
     )
+    external_lost_after_s: float = Field(
+        default=120.0, gt=0, description="A run launched elsewhere that has not posted for this long is lost."
+    )
     slots: int | None = Field(
         default=None, ge=1, description="Processes the local launcher may run at once; default: GPUs, else CPU cores."
     )

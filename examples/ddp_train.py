@@ -1,9 +1,10 @@
 """A plain PyTorch DDP training script, written the way the DDP checklist says, that reports to Rankboard.
 
-Run it by hand:        torchrun --standalone --nproc-per-node=2 examples/ddp_train.py --epochs 5
-or from the dashboard: a new run with "Your own script" set to this file (copied into the shared folder).
+From the dashboard: a new run with "Your own script" set to this file (copied into the shared folder).
+Launched elsewhere, reporting to a dashboard: RANKBOARD_URL=http://dash:8000 RANKBOARD_TOKEN=<an API token> \
+    torchrun --standalone --nproc-per-node=2 examples/ddp_train.py --epochs 5    (or the same in your own sbatch)
 
-Rankboard needs three lines of it, marked "Rankboard" below; outside a dashboard run they do nothing. Everything
+Rankboard's lines are marked "Rankboard" below; with no dashboard to report to, they do nothing. Everything
 else is ordinary DDP: one process per GPU (gloo on CPUs), DistributedSampler with set_epoch, rank-0 snapshots written
 atomically and followed by a barrier, and a restart (torchrun --max-restarts, or a resumed run) that continues from
 the newest snapshot.
@@ -19,11 +20,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from rankboard import report  # Rankboard: the client (also `trainer.report`, unless a trainer.py of yours is here)
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
-
-from trainer import report  # Rankboard (1 of 3)
 
 
 def synthetic_regression(samples: int = 8192, features: int = 16) -> TensorDataset:
@@ -76,17 +76,24 @@ class Trainer:
                 loss.backward()
                 self.optimizer.step()
                 self.step += 1
-                mean_loss = loss.detach()
-                dist.all_reduce(mean_loss)  # summed over ranks: report the run's loss, not rank 0's alone
+                report.heartbeat(self.step)  # Rankboard: every rank says where it is (a hung rank shows by name)
+                # The loss summed over ranks (report the run's, not rank 0's alone), and whether any rank was asked
+                # to stop: all stop at the same step, or the others would wait for it in the next all_reduce.
+                summed = torch.stack([loss.detach(), torch.tensor(float(report.stop_requested()), device=self.device)])
+                dist.all_reduce(summed)
                 if self.rank == 0:
-                    report.log({"loss": mean_loss.item() / dist.get_world_size()}, step=self.step)  # Rankboard (2 of 3)
+                    report.log({"loss": summed[0].item() / dist.get_world_size()}, step=self.step)  # Rankboard
+                if summed[1].item() > 0:
+                    print(f"[rank {self.rank}] stopping at step {self.step}, as the dashboard asked", flush=True)
+                    self._save_snapshot()
+                    return
             self.epoch += 1
             self._save_snapshot()
             if self.rank == 0:
                 print(f"[rank 0] epoch {self.epoch}/{self.args.epochs} done at step {self.step}", flush=True)
         if self.rank == 0:
             report.finished()  # Rankboard: training completed, whatever torchrun's exit code says afterwards
-        report.close()  # Rankboard (3 of 3): send what is queued before the process ends
+        report.close()  # Rankboard: send what is queued before the process ends (it also runs at exit)
 
 
 def main() -> None:
@@ -102,6 +109,8 @@ def main() -> None:
         torch.cuda.set_device(local_rank)  # before any CUDA work
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=60))
+    # Rankboard: launched elsewhere, every rank joins its job's one run; in a dashboard run this only samples GPUs.
+    report.init(config=vars(args), takes_stop=True)  # named by RANKBOARD_RUN_NAME, else "ddp_train"
     try:
         Trainer(args, rank, local_rank, world_size).train()
         # All ranks leave together (rank 0 may still be sending its last metrics): ending unevenly makes gloo's rare

@@ -52,7 +52,9 @@ STATES: dict[str, tuple[RunStatus, str]] = {
     "not progressing": (RunStatus.running, "not progressing: no rank has reported a new step"),
     "restarted": (RunStatus.running, "restart 1 of 3: local rank 1 (pid 4242) was killed by SIGKILL"),
     "resumed": (RunStatus.queued, "resume requested: continues from"),
+    "launched elsewhere": (RunStatus.running, "launched elsewhere (torchrun:walk-job)"),
 }
+ELSEWHERE = "launched elsewhere"  # its own torchrun, reporting in: no process, log or checkpoint of the server's
 WAITING = ("queued", "queued in Slurm")  # nothing started: no process, no log, no metric
 UNSTARTED = (*WAITING, "starting")  # no metrics and no checkpoint yet; a starting run's logs are still empty
 STALE = timedelta(minutes=30)  # the not-progressing run's heartbeats: older than any stall_after_s a test uses
@@ -80,12 +82,14 @@ def seed_states(
     api: httpx.Client, sessions: Sessions, shared: Path, states: Iterable[str] = tuple(STATES)
 ) -> dict[str, Seeded]:
     """One run per state (of STATES); the restart and not-progressing events come from the supervisor's next tick."""
-    seeded = _create(sessions, states)
+    seeded = _create(sessions, [state for state in states if state != ELSEWHERE])
     for run in seeded.values():
         if run.state not in UNSTARTED:
             _report(api, run.id)
         if run.state not in WAITING:
             seeded[run.state] = _leave_files(run, shared)
+    if ELSEWHERE in states:
+        seeded[ELSEWHERE] = _join_elsewhere(api)
     _settle(sessions, seeded)
     if "resumed" in seeded:
         assert api.post(f"/api/runs/{seeded['resumed'].id}/resume").status_code == 202
@@ -117,7 +121,17 @@ def _create(sessions: Sessions, states: Iterable[str]) -> dict[str, Seeded]:
     return seeded
 
 
-def _report(api: httpx.Client, run_id: int) -> None:
+def _join_elsewhere(api: httpx.Client) -> Seeded:
+    """A 2-rank job started by the user's own torchrun: both processes join through the API, and report."""
+    job = {"key": "torchrun:walk-job", "name": f"walk {ELSEWHERE}", "world_size": 2, "local_world_size": 2,
+           "host": HOST, "takes_stop": True, "config": {"lr": 3e-4, "model": "llama-7b"}}  # fmt: skip
+    joined = [api.post("/api/runs/external", json={**job, "rank": rank}).json() for rank in (0, 1)]
+    _report(api, joined[0]["run_id"], token=joined[0]["token"])
+    status, says = STATES[ELSEWHERE]
+    return Seeded(ELSEWHERE, joined[0]["run_id"], f"walk {ELSEWHERE}", status, says)
+
+
+def _report(api: httpx.Client, run_id: int, token: str = TOKEN) -> None:
     """What a 2-rank trainer on a 2-GPU node sends: losses, rates, each rank's step time, GPU samples, heartbeats."""
     points = [wire.Point(key, step, value, 0, 1.7e9 + step) for step in range(1, STEPS + 1)
               for key, value in (("loss", 2.0 / step), ("samples_per_s", 800.0 + step), ("lr", 1e-3))]  # fmt: skip
@@ -135,7 +149,7 @@ def _report(api: httpx.Client, run_id: int) -> None:
     batches += [wire.Batch(heartbeat=wire.Heartbeat(rank, HOST, STEPS - rank)) for rank in (0, 1)]
     for batch in batches:
         answer = api.post(f"/api/runs/{run_id}/metrics", json=batch.to_json(),
-                          headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+                          headers={"Authorization": f"Bearer {token}"})  # fmt: skip
         assert answer.status_code == 200, answer.text
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import tomllib
 
 from app.launcher import processes
 from tests.live import free_port, run_processes, wait_for
@@ -104,3 +105,28 @@ def test_the_installed_package_serves_its_pages_and_trains_a_run_to_a_checkpoint
         checkpoints = api.get(f"/api/runs/{run_id}/checkpoints").json()
     assert points and all(p["value"] > 0 for p in points)
     assert checkpoints and (tmp_path / "shared" / "checkpoints" / f"run-{run_id}" / checkpoints[-1]["name"]).is_file()
+
+
+def test_a_script_beside_its_own_trainer_py_imports_the_installed_client_as_rankboard(
+    venv: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "trainer.py").write_text("WHO = 'the user'\n")
+    (tmp_path / "train.py").write_text(
+        "import trainer\nfrom rankboard import report\nprint(trainer.WHO, report.__name__, report.wire.__name__)\n"
+    )
+    result = subprocess.run([str(venv / "bin" / "python"), "train.py"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["the", "user", "rankboard.report", "rankboard.wire"]
+
+
+def test_the_wheel_lists_every_package_folder() -> None:
+    """pyproject.toml lists the packages by hand (`rankboard` is `trainer/` again); a folder added later but not
+    listed would be missing from every installed copy."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(path.relative_to(REPO).parts)
+        for top in ("app", "trainer", "migrations", "templates", "static", "examples")
+        for path in [REPO / top, *(REPO / top).rglob("*")]
+        if path.is_dir() and path.name != "__pycache__"
+    }
+    assert listed == folders | {"rankboard"}

@@ -31,8 +31,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from trainer import wire
-from trainer.gpu_fake import FakeNvml
+from . import wire
+from .gpu_fake import FakeNvml
 
 ENV_FAKE_NVML = "RANKBOARD_FAKE_NVML"
 ENV_SAMPLE_S = "RANKBOARD_GPU_SAMPLE_S"
@@ -398,7 +398,7 @@ def start_sampling(
     if environ.get("LOCAL_RANK", "0") != "0":
         return None
     if reporter is None:
-        from trainer import report  # here, so that the server can use this module without the client
+        from . import report  # here, so that the server can use this module without the client
 
         reporter = report.default_reporter()
         if reporter is None:

@@ -8,7 +8,14 @@
     report.close()  # also runs at exit
 
 The reporter is made from the launcher's environment on the first call; outside a dashboard run (no
-RANKBOARD_RUN_ID) every call does nothing. When the server cannot be reached, batches go to a spool file in the run
+RANKBOARD_RUN_ID) every call does nothing, unless the script was launched elsewhere (its own sbatch, torchrun or
+Kubernetes job) and said where to report, on every rank:
+
+    report.init(server="http://dash:8000", name="llama-ft", config={"lr": 3e-4})  # or RANKBOARD_URL, RANKBOARD_TOKEN
+
+All processes of that job then report into one run (see `trainer.external` for how they find it). Import the client
+as `rankboard.report` (the same module, installed under a second name) where a `trainer.py` of the user's own
+would shadow this package. When the server cannot be reached, batches go to a spool file in the run
 folder and are sent, in order, once it answers again, also by a restarted trainer. The server stores a point once
 per (run, key, step, rank), so sending one twice is harmless, and this client prefers that to losing one.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import enum
+import hashlib
 import http.client
 import json
 import math
@@ -30,9 +38,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit
 
-from trainer import wire
+from . import external, wire
 
 _REQUEST_TIMEOUT_S = 5.0
 _RETRY_FIRST_S = 1.0
@@ -61,21 +70,28 @@ def outcome_of(status: int | None) -> Outcome:
     return Outcome.RUN_OVER if status == 409 else Outcome.REJECTED
 
 
+def checked_url(url: str) -> str:
+    """The server's URL; raises ValueError unless it looks like http(s)://host[:port][/path]."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"server URL must look like http://host:port, got {url!r}")
+    return url
+
+
 class IngestConnection:
     """One kept-alive HTTP connection to the server's ingest endpoint, reopened after any failure."""
 
     def __init__(self, url: str, run_id: str, token: str, timeout: float = _REQUEST_TIMEOUT_S) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"server URL must look like http://host:port, got {url!r}")
+        parts = urlsplit(checked_url(url))
+        assert parts.hostname is not None  # checked
         self._https = parts.scheme == "https"
         self._host, self._port, self._timeout = parts.hostname, parts.port, timeout
         self._path = parts.path.rstrip("/") + wire.INGEST_PATH.format(run_id=quote(str(run_id), safe=""))
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self._connection: http.client.HTTPConnection | None = None
 
-    def post(self, body: bytes) -> tuple[int | None, str]:
-        """POST one batch; returns the HTTP status (None if no response came) and a line describing it."""
+    def post(self, body: bytes) -> tuple[int | None, str, bytes]:
+        """POST one batch; returns the HTTP status (None if no response came), a line describing it, and the reply."""
         reused = self._connection is not None
         try:
             return self._post_once(body)
@@ -84,21 +100,21 @@ class IngestConnection:
             # A kept-alive connection that the server closed while idle fails on first use: that alone does not
             # mean the server is down, so try once more on a fresh one. A timeout is not retried: it would double.
             if not (reused and isinstance(error, ConnectionError)):
-                return None, f"{type(error).__name__}: {error}"
+                return None, f"{type(error).__name__}: {error}", b""
         try:
             return self._post_once(body)
         except (OSError, http.client.HTTPException) as error:
             self.close()
-            return None, f"{type(error).__name__}: {error}"
+            return None, f"{type(error).__name__}: {error}", b""
 
-    def _post_once(self, body: bytes) -> tuple[int | None, str]:
+    def _post_once(self, body: bytes) -> tuple[int | None, str, bytes]:
         if self._connection is None:
             kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             self._connection = kind(self._host, self._port, timeout=self._timeout)
         self._connection.request("POST", self._path, body=body, headers=self._headers)
         response = self._connection.getresponse()
         text = response.read()  # read to the end, or the connection cannot carry the next request
-        return response.status, f"HTTP {response.status}: {text[:200].decode(errors='replace')}"
+        return response.status, f"HTTP {response.status}: {text[:200].decode(errors='replace')}", text
 
     def close(self) -> None:
         """Drop the connection; the next post opens a new one."""
@@ -170,7 +186,7 @@ class Reporter:
     def __init__(
         self,
         url: str,
-        run_id: str,
+        run_id: str | None,
         token: str,
         spool_dir: str | os.PathLike[str],
         rank: int = 0,
@@ -179,7 +195,10 @@ class Reporter:
         max_batch: int = 1000,
         *,
         start: bool = True,
+        join: wire.Join | None = None,
     ) -> None:
+        """`run_id` None: a run launched elsewhere, which the thread joins with `join` and `token` (the user's API
+        token) before its first post."""
         if not 1 <= max_batch <= wire.MAX_POINTS_PER_BATCH:
             raise ValueError(f"max_batch must be in 1..{wire.MAX_POINTS_PER_BATCH}, got {max_batch}")
         self._rank, self._flush_interval, self._max_batch = rank, flush_interval, max_batch
@@ -195,7 +214,14 @@ class Reporter:
         self._delivered_beat_step: int | None = None
         self._beat_sent_at = -math.inf
         self._warned: set[str] = set()
-        self._connection = IngestConnection(url, run_id, token)
+        self._url, self._api_token, self._join = checked_url(url), token, join
+        self._connection = IngestConnection(url, run_id, token) if run_id is not None else None
+        if self._connection is None and join is None:
+            raise ValueError("a reporter needs a run id, or a join request to get one")
+        # A run launched elsewhere: the server's stop request, and how this process ended (wire.ENDINGS).
+        self._stop_requested = threading.Event()
+        self._ending: str = "exited"
+        self._error: str | None = None
         self._spool = Spool(Path(spool_dir) / f"spool-{self._host}-rank{rank}.jsonl", self._warn)
         self._retry_at, self._retry_delay = 0.0, _RETRY_FIRST_S  # a spool left by a previous process goes first
         self._last_attempt = -math.inf
@@ -221,6 +247,15 @@ class Reporter:
             return None
         spool_dir = environ.get(wire.ENV_RUN_DIR) or os.path.join(tempfile.gettempdir(), f"rankboard-{run_id}")
         return cls(url, run_id, environ.get(wire.ENV_TOKEN, ""), spool_dir, rank=int(environ.get("RANK", "0")))
+
+    def stop_requested(self) -> bool:
+        """Whether the dashboard asked this run (launched elsewhere, with takes_stop) to stop."""
+        return self._stop_requested.is_set()
+
+    def ended(self, how: str, error: str | None = None) -> None:
+        """Say how this process ends (wire.ENDINGS); a run launched elsewhere sends it with its last batch."""
+        if self._ending != "failed":  # the first exception is the one that explains
+            self._ending, self._error = how, error
 
     @property
     def spool_path(self) -> Path:
@@ -299,11 +334,14 @@ class Reporter:
         if self._spool.pending:
             self._replay_spool()
         self._beat_sent_at = -math.inf  # the last heartbeat goes now, however recent the one before
-        final_progress_due = self._progress is not self._delivered_progress or any(self._due_extras())
+        final_progress_due = (
+            self._progress is not self._delivered_progress or any(self._due_extras()) or self._join is not None
+        )
         while (self._points or final_progress_due) and not self._run_over:
             self._deliver(self._take_batch(), keep_empty=True)
             final_progress_due = False
-        self._connection.close()
+        if self._connection is not None:
+            self._connection.close()
 
     def _take_batch(self) -> list[_Raw]:
         return [self._points.popleft() for _ in range(min(len(self._points), self._max_batch))]
@@ -312,7 +350,8 @@ class Reporter:
         """Send a batch, or spool it: always while older batches wait in the spool, so that order is kept."""
         progress = self._progress
         node, beat = self._due_extras()
-        body = self._encode(points, progress, node=node, heartbeat=beat)
+        ended = self._ended_now()
+        body = self._encode(points, progress, node=node, heartbeat=beat, ended=ended)
         if not self._spool.pending:
             outcome = self._post(body)
             if outcome is not Outcome.RETRY:
@@ -322,6 +361,8 @@ class Reporter:
             self._retry_at = time.monotonic() + self._retry_delay
         if not points and not keep_empty:
             return  # a failed heartbeat carries nothing worth keeping; the node waits for the next batch
+        if ended is not None:  # never spooled: replayed by this rank's next process, it would end that one's run
+            body = self._encode(points, progress, node=node, heartbeat=beat)
         try:
             self._spool.append(body)
             self._delivered_progress = progress
@@ -336,16 +377,43 @@ class Reporter:
         else:
             self._retry_delay = _RETRY_FIRST_S
 
+    def _ended_now(self) -> wire.Ended | None:
+        """How this process ended, on the last batch of a run launched elsewhere: once closed, with nothing left."""
+        if self._join is None or not self._closed or self._points:
+            return None
+        return wire.Ended(self._rank, self._host, self._ending, self._error)
+
     def _post(self, body: bytes) -> Outcome:
         if self._run_over:
             return Outcome.RUN_OVER
         if time.monotonic() + _REQUEST_TIMEOUT_S > self._deadline:
             return Outcome.RETRY  # close() has not the time left to wait for the server
         self._last_attempt = time.monotonic()
-        status, detail = self._connection.post(body)
+        if self._connection is None and (joined := self._join_run()) is not Outcome.ACCEPTED:
+            return joined
+        assert self._connection is not None
+        status, detail, reply = self._connection.post(body)
         outcome = outcome_of(status)
         self._note(outcome, status, detail)
+        if outcome is Outcome.ACCEPTED and self._join is not None and _asks_stop(reply):
+            self._stop_requested.set()
         return outcome
+
+    def _join_run(self) -> Outcome:
+        """Joins the run of this process's job (launched elsewhere); the ingest connection is then the run's."""
+        assert self._join is not None
+        status, joined, detail = external.join(self._url, self._api_token, self._join)
+        if joined is not None:
+            self._connection = IngestConnection(self._url, joined.run_id, joined.token)
+            _stderr(f"[rank {self._rank}] reporting into run {joined.run_id} ({self._join.key})")
+            return Outcome.ACCEPTED
+        outcome = outcome_of(status)
+        if outcome is Outcome.RETRY:
+            self._note(outcome, status, detail)
+            return outcome
+        self._run_over = True  # a wrong token or a refused request stays wrong: say so once, and send nothing
+        self._warn("join", f"the server refused this process's join, so nothing is sent: {detail}")
+        return Outcome.RUN_OVER
 
     def _note(self, outcome: Outcome, status: int | None, detail: str) -> None:
         # One line per change of state, not per batch: a down server must not flood the rank's log.
@@ -384,9 +452,10 @@ class Reporter:
         *,
         node: wire.Node | None = None,
         heartbeat: wire.Heartbeat | None = None,
+        ended: wire.Ended | None = None,
     ) -> bytes:
         points = tuple(point for point in map(self._to_point, raw) if point is not None)
-        batch = wire.Batch(points=points, progress=progress, node=node, heartbeat=heartbeat)
+        batch = wire.Batch(points=points, progress=progress, node=node, heartbeat=heartbeat, ended=ended)
         return json.dumps(batch.to_json(), separators=(",", ":"), allow_nan=False).encode()
 
     def _to_point(self, raw: _Raw) -> wire.Point | None:
@@ -408,6 +477,13 @@ class Reporter:
         if topic not in self._warned:
             self._warned.add(topic)
             _stderr(f"[rank {self._rank}] {message}")
+
+
+def _asks_stop(reply: bytes) -> bool:
+    try:
+        return json.loads(reply).get("stop") is True
+    except (ValueError, AttributeError):
+        return False
 
 
 def _stderr(message: str) -> None:
@@ -432,6 +508,86 @@ def _reporter() -> Reporter | None:
                     _stderr(f"cannot report metrics: {error}")
                 _default_made = True
     return _default
+
+
+def init(
+    server: str | None = None,
+    name: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    *,
+    token: str | None = None,
+    key: str | None = None,
+    takes_stop: bool = False,
+    sample_gpus: bool = True,
+) -> Reporter | None:
+    """Report a script launched elsewhere (its own sbatch, torchrun or Kubernetes job) into one run; call it on every
+    rank, before the first log(). Returns at once: the reporter's thread joins the run, and spools until it can.
+
+    `server` and `token` (an API token of an operator) default to RANKBOARD_URL and RANKBOARD_TOKEN, `name` to
+    RANKBOARD_RUN_NAME or the script's file name, `key` to RANKBOARD_RUN_KEY or the job's own id (trainer.external).
+    `takes_stop`: the script checks `stop_requested()` and stops itself, so the dashboard may offer Stop. Each
+    node's local rank 0 also samples its GPUs (`sample_gpus`). In a run that Rankboard launched, the launcher's
+    environment already says all this: the arguments are ignored. Never raises.
+    """
+    global _default, _default_made
+    environ = os.environ
+    with _default_lock:
+        if environ.get(wire.ENV_RUN_ID) or _default_made:
+            if _default_made and not environ.get(wire.ENV_RUN_ID):
+                _stderr("report.init() was called after the reporter was made (a second init, or a log before it)")
+        else:
+            _default = _external_reporter(server, name, config, token=token, key=key, takes_stop=takes_stop)
+            _default_made = True
+            sys.excepthook = _note_uncaught(sys.excepthook)
+    reporter = _reporter()
+    if reporter is not None and sample_gpus:
+        from . import gpu  # here: a script that samples nothing never imports NVML's bindings
+
+        gpu.start_sampling(reporter, environ=environ)
+    return reporter
+
+
+def _external_reporter(
+    server: str | None,
+    name: str | None,
+    config: Mapping[str, Any] | None,
+    *,
+    token: str | None,
+    key: str | None,
+    takes_stop: bool,
+) -> Reporter | None:
+    environ = os.environ
+    url = server or environ.get(wire.ENV_URL)
+    if not url:
+        _stderr(f"report.init() has no server (server=... or {wire.ENV_URL}); metrics will not be sent")
+        return None
+    try:
+        name = name or environ.get(wire.ENV_RUN_NAME) or Path(sys.argv[0] or "python").stem
+        request = external.join_request(environ, key=key, name=name, config=config or {}, takes_stop=takes_stop)
+        digest = hashlib.sha256(request.key.encode()).hexdigest()[:16]
+        spool_dir = Path(tempfile.gettempdir()) / f"rankboard-{digest}"  # the same for a restarted process
+        api_token = token if token is not None else environ.get(wire.ENV_TOKEN, "")
+        return Reporter(url, None, api_token, spool_dir, rank=request.rank, join=request)
+    except Exception as error:  # a bad URL or environment must not stop the training
+        _stderr(f"cannot report metrics: {error}")
+        return None
+
+
+def _note_uncaught(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """An excepthook that first tells the reporter the process failed, then does what the one before it did."""
+
+    def hook(kind: type[BaseException], value: BaseException, traceback: Any) -> None:
+        if _default is not None:
+            _default.ended("failed", f"{kind.__name__}: {value}"[:2000])
+        previous(kind, value, traceback)
+
+    return hook
+
+
+def stop_requested() -> bool:
+    """Whether the dashboard asked this run to stop; for a run launched elsewhere with init(takes_stop=True), which
+    checks it each step and stops itself (a run that Rankboard launched gets SIGTERM instead)."""
+    return _default is not None and _default.stop_requested()
 
 
 def log(metrics: Mapping[str, float], *, step: int, rank: int | None = None) -> None:
@@ -473,8 +629,11 @@ def finished() -> None:
 
     The dashboard then calls the run succeeded whatever torchrun's exit code: with gloo a rank sometimes aborts at
     exit after a finished run ("terminate called without an active exception", see the DDP checklist), and torchrun
-    then exits 1. The built-in trainer leaves the same marker. A no-op outside a dashboard run.
+    then exits 1. The built-in trainer leaves the same marker. A run launched elsewhere (init) hears it with the
+    process's last batch. A no-op outside a dashboard run.
     """
+    if _default is not None:
+        _default.ended("finished")
     run_dir = os.environ.get(wire.ENV_RUN_DIR)
     if not run_dir:
         return

@@ -17,12 +17,27 @@ A batch may also carry, each optional:
              "nvml_error": null}
     "heartbeat": {"rank": 5, "host": "gpu-node-3", "step": 1200}
 
+    "ended": {"rank": 5, "host": "gpu-node-3", "how": "failed", "error": "ValueError: ..."}
+
 `node` is the inventory of the node whose local rank 0 samples its GPUs (`trainer.gpu`), sent when it changes;
 `nvml_error` says why a node samples CPU and memory instead (then `gpus` is empty). The server keeps one per host
 in the run's `gpus`. The samples themselves are ordinary points keyed `GPU_KEY` / `SYS_KEY`, at step = unix
 seconds, from the sampling rank. `heartbeat` is one rank's own "alive at this step", which every rank sends at
 most every couple of seconds and only when its step moved, so that a rank that hangs while the others wait in a
-collective shows as the one whose heartbeat went stale.
+collective shows as the one whose heartbeat went stale. `ended` comes only from a run launched elsewhere (see
+below), once per process, as its last batch: how that rank's process ended, since no launcher sees it exit.
+
+A run launched elsewhere (the user's own sbatch, torchrun or Kubernetes job) has no RANKBOARD_RUN_ID. Each of its
+processes POSTs a `Join` to `JOIN_PATH` with the user's API token; all the processes that give one key (the job's
+Slurm id, torchrun's rendezvous id, or the user's own) share one run, and each gets back the run's id and a token
+of its own for the ingest endpoint:
+
+    {"key": "slurm:cluster-a:81234", "name": "llama-ft", "config": {"lr": 0.0003}, "rank": 0, "world_size": 16,
+     "local_world_size": 8, "host": "gpu-node-3", "takes_stop": true}
+    -> {"run_id": 42, "token": "...", "created": true}
+
+The ingest reply then carries {"stop": true} once someone asked the run to stop: a script that said it takes a
+stop (`takes_stop`) reads it through `report.stop_requested()`.
 """
 
 from __future__ import annotations
@@ -41,6 +56,13 @@ ENV_CHECKPOINT_DIR = "RANKBOARD_CHECKPOINT_DIR"
 ENV_LAUNCH_ID = "RANKBOARD_LAUNCH_ID"  # unique per launch; finds every process of a run, orphans included
 
 INGEST_PATH = "/api/runs/{run_id}/metrics"
+JOIN_PATH = "/api/runs/external"
+# A run launched elsewhere finds the server the way the CLI does; RANKBOARD_TOKEN is then the user's API token.
+ENV_URL = "RANKBOARD_URL"
+ENV_RUN_NAME = "RANKBOARD_RUN_NAME"
+ENV_RUN_KEY = "RANKBOARD_RUN_KEY"  # the user's own key, where the job's scheduler gives none that all ranks share
+ENDINGS = ("finished", "exited", "failed")  # how an external run's process ended: report.finished(), or not, or raised
+MAX_CONFIG_BYTES = 65_536  # an external run's config, as JSON
 FINISHED_MARKER = "trainer-finished.json"  # rank 0 writes it in the run folder when training completed
 # Each worker's client leaves it beside torchrun's error file (<log dir>/<rdzv>_<random>/attempt_<n>/<local rank>/):
 # {"rank", "local_rank", "group_rank", "node"}. c10d numbers agents in rendezvous order, so only the worker itself
@@ -220,6 +242,33 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class Ended:
+    """How one process of a run launched elsewhere ended: one of ENDINGS, with the exception's line if it raised."""
+
+    rank: int
+    host: str
+    how: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Join:
+    """One process of a run launched elsewhere asks to report into the run of its job's `key`."""
+
+    key: str
+    name: str
+    config: dict[str, Any]
+    rank: int
+    world_size: int
+    local_world_size: int
+    host: str
+    takes_stop: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Batch:
     """What one POST to the ingest endpoint carries."""
 
@@ -227,6 +276,7 @@ class Batch:
     progress: Progress | None = None
     node: Node | None = None
     heartbeat: Heartbeat | None = None
+    ended: Ended | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"points": [p.to_json() for p in self.points]}
@@ -236,6 +286,8 @@ class Batch:
             body["node"] = self.node.to_json()
         if self.heartbeat is not None:
             body["heartbeat"] = asdict(self.heartbeat)
+        if self.ended is not None:
+            body["ended"] = asdict(self.ended)
         return body
 
 

@@ -32,12 +32,15 @@ from app.schemas import (
     Deletion,
     HealthOut,
     IngestResult,
+    JoinIn,
+    JoinOut,
+    RankOut,
     RunCreate,
     RunDetail,
     RunPage,
     SeriesOut,
 )
-from app.services import checkpoints, files, health, metrics, runs
+from app.services import checkpoints, external, files, health, metrics, nodes, runs
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 bearer = HTTPBearer(auto_error=False, description="The per-run token the launcher gives the trainer.")
@@ -60,6 +63,12 @@ def create_run(
     caller: CallerDep,
 ) -> Run:
     return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=caller.name)
+
+
+@router.post("/external", response_model=JoinOut, responses={**documented(FieldInvalid), **UNREADABLE_BODY},
+             summary="A process of a job launched elsewhere joins its job's run (the first one makes it)")  # fmt: skip
+def join_external(spec: JoinIn, db: SessionDep, caller: CallerDep) -> JoinOut:
+    return external.join(db, spec=spec, actor=caller.name)
 
 
 @router.get("", response_model=RunPage, summary="List runs, newest first")
@@ -87,6 +96,12 @@ def run_health(run_id: RunId, db: SessionDep, settings: SettingsDep) -> health.H
     return health.run_health(db, run_id=run_id, stall_after_s=settings.stall_after_s)
 
 
+@router.get("/{run_id}/ranks", response_model=list[RankOut], responses=documented(RunNotFound),
+            summary="Each rank's last heartbeat: its host, step and time")  # fmt: skip
+def run_ranks(run_id: RunId, db: SessionDep) -> list[RankOut]:
+    return nodes.ranks(db, run_id=run_id)
+
+
 @router.post("/{run_id}/stop", status_code=202, response_model=RunDetail,
              responses=documented(RunNotFound, RunNotActive), summary="Stop a run gracefully")  # fmt: skip
 def stop_run(run_id: RunId, db: SessionDep, launchers: LaunchersDep, caller: CallerDep) -> Run:
@@ -105,7 +120,7 @@ def metric_keys(run_id: RunId, db: SessionDep) -> list[str]:
     return metrics.series_keys(db, run_id=run_id)
 
 
-@router.post("/{run_id}/metrics", response_model=IngestResult,
+@router.post("/{run_id}/metrics", response_model=IngestResult, response_model_exclude_defaults=True,
              responses={**documented(InvalidToken, RunNotFound, RunNotActive), **UNREADABLE_BODY},
              summary="Ingest a trainer's batch (idempotent)")  # fmt: skip
 def ingest(

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from app.errors import InvalidToken, RunNotActive
 from app.models import Run, RunStatus, utcnow
 from app.schemas import BatchIn, IngestResult, PointIn, PointOut, SeriesOut
-from app.services import nodes, runs
+from app.services import external, nodes, runs
 from app.store import charts as chart_store
 from app.store import metrics as metric_store
 from app.store import runs as run_store
@@ -48,8 +48,10 @@ def ingest(
     """Stores a batch in one transaction; points already stored (a retry, a replayed spool) are skipped."""
     with db.begin():
         run = runs.get_run(db, run_id=run_id)
-        if run.token_hash is None or not hmac.compare_digest(run.token_hash, runs.hash_token(token)):
+        if not _token_fits(db, run, token):
             raise InvalidToken(f"the token is not the one run {run_id} was launched with")
+        if run.launcher == external.EXTERNAL:
+            external.took_batch(db, run)
         if run.status not in ACCEPTS_METRICS:
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
         stored = _store_points(db, run_id=run_id, points=batch.points)
@@ -59,10 +61,21 @@ def ingest(
             if run.status in (RunStatus.queued, RunStatus.starting):
                 what = "progress" if batch.progress is not None else "step"
                 run_store.set_status(db, run, RunStatus.running, f"the trainer reported its first {what}")
-    result = IngestResult(accepted=len(batch.points), stored=stored)
+        if batch.ended is not None and run.launcher == external.EXTERNAL:
+            external.ended(db, run, batch.ended)
+        stop = run.launcher == external.EXTERNAL and run.stop_requested_at is not None
+    result = IngestResult(accepted=len(batch.points), stored=stored, stop=stop)
     if counters is not None:  # counted once committed: a batch refused or rolled back was not taken
         counters.add(result)
     return result
+
+
+def _token_fits(db: Session, run: Run, token: str) -> bool:
+    """The token the run was launched with, or one a process of a run launched elsewhere got when it joined."""
+    token_hash = runs.hash_token(token)
+    if run.token_hash is not None and hmac.compare_digest(run.token_hash, token_hash):
+        return True
+    return run.launcher == external.EXTERNAL and run_store.has_process_token(db, run_id=run.id, token_hash=token_hash)
 
 
 def advance_progress(run: Run, batch: BatchIn) -> bool:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from app.errors import RunNotFound
 from app.models import Run, utcnow
-from app.schemas import HeartbeatIn, NodeIn
+from app.schemas import HeartbeatIn, NodeIn, RankOut
 from app.store import ranks as rank_store
 from app.store import runs as run_store
 
@@ -21,6 +22,13 @@ def record(db: Session, *, run: Run, node: NodeIn | None, heartbeat: HeartbeatIn
         rank_store.upsert_heartbeat(
             db, run_id=run.id, rank=heartbeat.rank, host=heartbeat.host, step=heartbeat.step, at=utcnow()
         )
+
+
+def ranks(db: Session, *, run_id: int) -> list[RankOut]:
+    """The run's ranks by number, each with its last heartbeat; raises RunNotFound."""
+    if run_store.get_run(db, run_id) is None:
+        raise RunNotFound(run_id)
+    return [RankOut.model_validate(row) for row in rank_store.rank_rows(db, run_id=run_id)]
 
 
 def merge_node(nodes: list[dict[str, object]] | None, node: dict[str, object]) -> list[dict[str, object]]:

@@ -18,7 +18,7 @@ from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
-from app.services import alerts, checkpoints, files, health, metrics, storage
+from app.services import alerts, checkpoints, external, files, health, metrics, storage
 from app.settings import Settings
 from app.store import audit
 from app.store import metrics as metric_store
@@ -132,6 +132,8 @@ def resume_run(db: Session, *, run_id: int, folders: RunFolders, actor: str = "l
     """Queues a stopped, failed or lost run again: it continues as the same run from its newest snapshot."""
     with db.begin():
         run = get_run(db, run_id=run_id)
+        if run.launcher == external.EXTERNAL:
+            raise RunNotActive(f"run {run_id} was launched elsewhere: start its job there again, and it rejoins")
         if run.status not in RESUMABLE:
             raise RunNotActive(f"run {run_id} is {run.status.value}; only a stopped, failed or lost run can resume")
         snapshot = checkpoints.newest_checkpoint(folders.checkpoint_dir(run))
@@ -153,14 +155,16 @@ def stop_run(db: Session, *, run_id: int, launchers: Launchers, actor: str = "lo
         run = get_run(db, run_id=run_id)
         if run.status.is_final:
             raise RunNotActive(f"run {run_id} already ended ({run.status.value})")
-        audit.record(db, actor=actor, action="stopped", run_id=run.id)
-        if run.status == RunStatus.queued and run.job_id is None:
+        if run.launcher == external.EXTERNAL:
+            external.stop(db, run)
+        elif run.status == RunStatus.queued and run.job_id is None:
             run.finished_at = utcnow()
             run_store.set_status(db, run, RunStatus.stopped, "stopped before it started")
         elif run.status != RunStatus.stopping:
             run.stop_requested_at = utcnow()
             run_store.set_status(db, run, RunStatus.stopping, "stop requested: finishing the step, saving")
             launchers.for_run(run).terminate(run)
+        audit.record(db, actor=actor, action="stopped", run_id=run.id)
     return run
 
 
@@ -172,6 +176,7 @@ def supervise(
     grace: timedelta,
     stall_after: timedelta,
     alert_rules: alerts.AlertRules | None = None,
+    lost_after: timedelta = external.DEFAULT_LOST_AFTER,
 ) -> None:
     """One tick: end the runs whose processes ended, escalate stops past their grace, note the live runs that stopped
     progressing (or move again), raise the alerts of what changed (queued: sent after this commits), start what
@@ -182,6 +187,10 @@ def supervise(
         for launcher in launchers.all():
             launcher.refresh([run for run in active if run.launcher == launcher.name])
         for run in active:
+            if run.launcher == external.EXTERNAL:
+                external.check_silence(db, run, now=utcnow(), lost_after=lost_after)
+                health.record(db, run, now=utcnow(), stall_after=stall_after)
+                continue
             if run.launcher == "slurm" and launchers.slurm is None:
                 continue  # a server started without Slurm leaves Slurm's runs as they are
             launcher = launchers.for_run(run)
@@ -332,6 +341,8 @@ def _launch(db: Session, run: Run, *, launcher: Launcher, devices: list[int]) ->
 
 def world_size(run: Run, settings: Settings) -> int:
     """How many ranks the run has: its processes per node, times its nodes' torchrun agents on Slurm."""
+    if run.world_size is not None:  # launched elsewhere: what its job said
+        return run.world_size
     if run.launcher == "slurm":
         return run.nproc_per_node * run.slurm_nodes * settings.slurm_agents_per_node
     return run.nproc_per_node

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Table
+from sqlalchemy import Table, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -24,3 +24,21 @@ def upsert_heartbeat(db: Session, *, run_id: int, rank: int, host: str, step: in
 def rank_rows(db: Session, *, run_id: int) -> list[RunRank]:
     """The run's ranks by number, with their last heartbeat."""
     return list(db.query(RunRank).filter(RunRank.run_id == run_id).order_by(RunRank.rank))
+
+
+def set_ending(db: Session, *, run_id: int, rank: int, host: str, how: str, at: datetime) -> None:
+    """Records how `rank`'s process ended (wire.ENDINGS); a rank that never sent a heartbeat gets its row here."""
+    dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(RANKS).values(run_id=run_id, rank=rank, host=host, step=0, heartbeat_at=at, ended=how)
+    db.execute(statement.on_conflict_do_update(index_elements=["run_id", "rank"], set_={"ended": how}))
+
+
+def endings(db: Session, *, run_id: int) -> dict[int, str]:
+    """How each rank of the run that has ended did so, by rank."""
+    rows = db.execute(select(RunRank.rank, RunRank.ended).where(RunRank.run_id == run_id, RunRank.ended.is_not(None)))
+    return {rank: str(ended) for rank, ended in rows}
+
+
+def clear_endings(db: Session, *, run_id: int) -> None:
+    """Forgets how the ranks' processes ended: the job was started again."""
+    db.execute(update(RunRank).where(RunRank.run_id == run_id).values(ended=None))

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Run, RunEvent, RunStatus
+from app.models import Run, RunEvent, RunStatus, RunToken
 
 
 def get_run(db: Session, run_id: int) -> Run | None:
@@ -20,6 +20,16 @@ def reread_locked(db: Session, run: Run, attribute: str) -> None:
     transaction takes the write lock only at the first write, after a plain read could already be stale."""
     db.execute(update(Run).where(Run.id == run.id).values({attribute: getattr(Run, attribute)}))
     db.refresh(run, attribute_names=[attribute])
+
+
+def run_by_external_key(db: Session, key: str) -> Run | None:
+    """The run launched elsewhere whose processes join by `key`."""
+    return db.scalar(select(Run).where(Run.external_key == key))
+
+
+def has_process_token(db: Session, *, run_id: int, token_hash: str) -> bool:
+    """Whether one of the run's joined processes was given the token of this hash."""
+    return db.scalar(select(RunToken.run_id).where(RunToken.token_hash == token_hash)) == run_id
 
 
 def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int) -> tuple[Sequence[Run], int]:

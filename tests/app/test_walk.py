@@ -25,7 +25,7 @@ from markupsafe import escape
 from app.main import create_app
 from app.models import RunStatus
 from app.settings import Settings
-from tests.run_states import STATES, UNSTARTED, WAITING, Seeded, bulk_runs, seed_states, supervisor_has_seen
+from tests.run_states import ELSEWHERE, STATES, UNSTARTED, Seeded, bulk_runs, seed_states, supervisor_has_seen
 from trainer import wire
 
 HISTORY = 1000
@@ -160,13 +160,18 @@ def run_page(answer: Answer) -> None:
     if run.state not in UNSTARTED:
         assert 'id="step-time-box"' in answer.text and 'id="gpu-util-box"' in answer.text
         progress = "100 of 100 (100.0%)" if run.state == "succeeded" else "40 of 100 (40.0%)"
-        assert progress in answer.text and f"<code>{run.checkpoint}</code>" in answer.text
+        assert progress in answer.text
+    if run.has_logs and run.state not in UNSTARTED:
+        assert f"<code>{run.checkpoint}</code>" in answer.text
         assert "[rank 1] step 40 loss 0.0500" in answer.text  # each rank's output
+    if run.state == ELSEWHERE:  # what its job said of itself, and where its output is
+        assert "<code>torchrun:walk-job</code>, 2 ranks" in answer.text and "<code>llama-7b</code>" in answer.text
+        assert "its output is where its job runs" in answer.text
     if run.state == "not progressing":  # told once, live, in the box (not again, frozen, in the reason line)
         assert 'id="health"' in answer.text and "Not progressing" in answer.text
         assert '<p class="reason">not progressing' not in answer.text
     # An ETA only while it trains and moves; no time counted while it waits to be launched again.
-    assert ("<dt>ETA</dt><dd>–</dd>" in answer.text) != (run.state in ("running", "restarted"))
+    assert ("<dt>ETA</dt><dd>–</dd>" in answer.text) != (run.state in ("running", "restarted", ELSEWHERE))
     assert ("<dt>Elapsed</dt><dd>–</dd>" in answer.text) == (run.status == RunStatus.queued)
     if run.status.is_final:
         assert 'id="final-loss">0.0500<' in answer.text
@@ -205,7 +210,7 @@ def run_stream(answer: Answer) -> None:
 
 
 def log_stream(answer: Answer) -> None:
-    if answer.seeded.state in WAITING:
+    if not answer.seeded.has_logs:  # nothing started it here, or not yet
         assert answer.response.headers["content-type"].startswith("text/event-stream") and answer.event is None
         return
     first_event("reset")(answer)
@@ -310,16 +315,21 @@ def one_checkpoint(answer: Answer) -> None:
 
 def rank_output(answer: Answer) -> None:
     outputs = {(o["rank"], o["stream"]): o["lines"] for o in answer.json()}
-    if answer.seeded.state in UNSTARTED:
+    if answer.seeded.state in UNSTARTED or not answer.seeded.has_logs:
         assert all(lines == [] for lines in outputs.values())
     else:
         assert outputs[(1, "stdout")][-1] == "[rank 1] step 40 loss 0.0500"
 
 
+def ranks(answer: Answer) -> None:
+    beats = [(r["rank"], r["step"]) for r in answer.json()]
+    assert beats == ([] if answer.seeded.state in UNSTARTED else [(0, 40), (1, 39)])
+
+
 def log_files(answer: Answer) -> None:
     files = [(f["rank"], f["stream"]) for f in answer.json()]
-    assert files == ([] if answer.seeded.state in WAITING else [(0, "stdout"), (0, "stderr"), (1, "stdout"),
-                                                                 (1, "stderr"), (None, "stdout")])  # fmt: skip
+    every = [(0, "stdout"), (0, "stderr"), (1, "stdout"), (1, "stderr"), (None, "stdout")]
+    assert files == (every if answer.seeded.has_logs else [])
 
 
 def log_tail(answer: Answer) -> None:
@@ -367,7 +377,8 @@ def download(answer: Answer) -> None:
 def files_page(answer: Answer) -> None:
     assert "Shared storage" in answer.text
     if answer.store.seeded:
-        folders = ["checkpoints", "logs"] if "path" not in answer.query else [f"run-{answer.store.runs[0][0]}"]
+        newest = max(run.id for run in answer.store.seeded.values() if run.checkpoint)  # one with files of its own
+        folders = ["checkpoints", "logs"] if "path" not in answer.query else [f"run-{newest}"]
         assert all(f">{folder}/</a>" in answer.text for folder in folders), folders
 
 
@@ -403,6 +414,7 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     ),
     "/api/runs/{run_id}": api_run,
     "/api/runs/{run_id}/health": api_health,
+    "/api/runs/{run_id}/ranks": ranks,
     "/api/runs/{run_id}/metrics": metric_keys,
     "/api/runs/{run_id}/metrics/{key}": series,
     "/api/runs/{run_id}/chart": chart,

@@ -1,0 +1,140 @@
+"""Runs launched elsewhere: the user's own sbatch, torchrun or Kubernetes job reports into one run.
+
+No launcher owns their processes, so what a launcher would see comes from the processes themselves: each joins
+the run of its job's key (`join`), posts batches like any trainer (`took_batch` keeps the time of the last, and
+brings back a run that was declared lost), and says how it ended (`ended`). A run whose processes all fall silent
+is lost (`check_silence`); one that reports again comes back. A stop reaches the script only if it said it reads
+`report.stop_requested()`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timedelta
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.auth.passwords import sha256
+from app.errors import RunNotActive
+from app.models import Run, RunStatus, RunToken, utcnow
+from app.schemas import EndedIn, JoinIn, JoinOut
+from app.store import audit
+from app.store import metrics as metric_store
+from app.store import ranks as rank_store
+from app.store import runs as run_store
+
+EXTERNAL = "external"  # the launcher, and the workload, of a run launched elsewhere
+DEFAULT_LOST_AFTER = timedelta(minutes=2)  # a client posts every 2 s even when idle: this is minutes of silence
+
+
+def join(db: Session, *, spec: JoinIn, actor: str) -> JoinOut:
+    """The run of the job's key, made by the first process that asks; each process gets its own ingest token."""
+    token = secrets.token_urlsafe(32)
+    try:
+        return _join_once(db, spec=spec, actor=actor, token=token)
+    except IntegrityError:
+        # Another process of the job made the run between our read and our insert: its transaction won, so the
+        # run is there now. (Its rows are committed, ours were rolled back: nothing is half-written.)
+        return _join_once(db, spec=spec, actor=actor, token=token)
+
+
+def _join_once(db: Session, *, spec: JoinIn, actor: str, token: str) -> JoinOut:
+    with db.begin():
+        run = run_store.run_by_external_key(db, spec.key)
+        created = run is None
+        if run is None:
+            run = _new_run(db, spec=spec, actor=actor)
+        elif run.status.is_final:
+            _reopen(db, run, f"rank {spec.rank} on {spec.host} joined again: the job was restarted")
+        run.world_size = spec.world_size  # an elastic job may come back with another size
+        db.add(RunToken(token_hash=sha256(token), run_id=run.id))
+        db.flush()
+    return JoinOut(run_id=run.id, token=token, created=created)
+
+
+def _new_run(db: Session, *, spec: JoinIn, actor: str) -> Run:
+    now = utcnow()
+    run = Run(
+        name=spec.name, status=RunStatus.starting, status_reason="", launcher=EXTERNAL, workload=EXTERNAL,
+        external_key=spec.key, config=spec.config, world_size=spec.world_size, takes_stop=spec.takes_stop,
+        nproc_per_node=spec.local_world_size, slurm_nodes=max(1, spec.world_size // spec.local_world_size),
+        epochs=0, batch_size=0, lr=0.0, checkpoint_every=0, seed=0,
+        created_by=actor, started_at=now, contact_at=now, attempt=1,
+    )  # fmt: skip
+    db.add(run)
+    db.flush()  # a second process's insert of the same key fails here, before anything else is written
+    audit.record(db, actor=actor, action="created", run_id=run.id)
+    run_store.set_status(db, run, RunStatus.starting, f"launched elsewhere ({spec.key}); rank {spec.rank} on "
+                                                      f"{spec.host} joined first")  # fmt: skip
+    return run
+
+
+def _reopen(db: Session, run: Run, reason: str) -> None:
+    run.finished_at = run.final_loss = run.stop_requested_at = None
+    run.trainer_finished = False
+    run.attempt += 1
+    run.contact_at = run.started_at = utcnow()
+    rank_store.clear_endings(db, run_id=run.id)
+    run_store.set_status(db, run, RunStatus.starting, f"attempt {run.attempt}: {reason}")
+
+
+def took_batch(db: Session, run: Run) -> None:
+    """A batch came from one of the run's processes: note the time; a run declared lost is alive after all."""
+    run.contact_at = utcnow()
+    if run.status == RunStatus.lost:
+        run.finished_at = None
+        run_store.set_status(db, run, RunStatus.running, "reporting again after a silence")
+
+
+def ended(db: Session, run: Run, ending: EndedIn) -> None:
+    """One process says how it ended: a rank that raised fails the run; once every rank has ended, it is over."""
+    if run.status.is_final:
+        return
+    run_store.reread_locked(db, run, "status")  # two ranks ending at once: one of them sees both endings
+    rank_store.set_ending(db, run_id=run.id, rank=ending.rank, host=ending.host, how=ending.how, at=utcnow())
+    if ending.how == "finished":
+        run.trainer_finished = True
+    if ending.how == "failed":
+        error = ending.error or "an exception"
+        _finish(db, run, RunStatus.failed, f"rank {ending.rank} on {ending.host} raised {error}")
+        return
+    endings = rank_store.endings(db, run_id=run.id)
+    if len(endings) < (run.world_size or 1):
+        return
+    if run.stop_requested_at is not None:
+        _finish(db, run, RunStatus.stopped, f"stopped on request: all {len(endings)} ranks ended")
+    elif run.trainer_finished:
+        _finish(db, run, RunStatus.succeeded, f"training finished: all {len(endings)} ranks ended")
+    else:
+        _finish(db, run, RunStatus.succeeded, f"all {len(endings)} ranks' processes exited without an error")
+
+
+def check_silence(db: Session, run: Run, *, now: datetime, lost_after: timedelta) -> None:
+    """The supervisor's look at a live external run: silent for `lost_after`, it is lost (stopped, if asked to)."""
+    last = run.contact_at or run.started_at or run.created_at
+    if now - last <= lost_after:
+        return
+    silence = f"no process of the job has reported for {int((now - last).total_seconds())} s"
+    if run.stop_requested_at is not None:
+        _finish(db, run, RunStatus.stopped, f"stopped on request: {silence}")
+    else:
+        _finish(db, run, RunStatus.lost, f"{silence}; it was launched elsewhere, so only its reports say it lives")
+
+
+def stop(db: Session, run: Run) -> None:
+    """Asks the script to stop, through the reply to its next batch; only a script that said it reads the request."""
+    if not run.takes_stop:
+        raise RunNotActive(
+            f"run {run.id} was launched elsewhere and its script does not take stop requests "
+            "(report.init(..., takes_stop=True)); stop it where it was started"
+        )
+    if run.status != RunStatus.stopping:
+        run.stop_requested_at = utcnow()
+        run_store.set_status(db, run, RunStatus.stopping, "stop requested: the script stops at its next check")
+
+
+def _finish(db: Session, run: Run, status: RunStatus, reason: str) -> None:
+    run.finished_at = utcnow()
+    run.final_loss = metric_store.last_value(db, run_id=run.id, key="loss")
+    run_store.set_status(db, run, status, reason)
