@@ -20,7 +20,12 @@ class RunFolders:
         return self.shared / "logs" / run.folder
 
     def checkpoint_dir(self, run: Run) -> Path:
-        """Where the run's trainer writes its checkpoints."""
+        """Where the run's trainer writes its checkpoints: a run launched elsewhere may name its own folder in the
+        shared one (a link that leads out of it is not followed there)."""
+        if run.checkpoint_folder:
+            named = (self.shared / run.checkpoint_folder).resolve()
+            if named.is_relative_to(self.shared.resolve()):
+                return named
         return self.shared / "checkpoints" / run.folder
 
     def trainer_finished(self, run: Run) -> bool:

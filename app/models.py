@@ -143,6 +143,7 @@ class Run(Base):
     world_size: Mapped[int | None] = mapped_column(Integer)
     contact_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     takes_stop: Mapped[bool] = mapped_column(default=False)
+    checkpoint_folder: Mapped[str | None] = mapped_column(String(1000))  # where its script saves, in the shared folder
 
     created_by: Mapped[str | None] = mapped_column(String(200))  # who asked for it (an Actor's name); None: before 0009
     # The trainer proves who it is with a token made for each launch; only its hash is kept.

@@ -284,6 +284,7 @@ class RunOut(BaseModel):
     world_size: int | None = Field(default=None, description="The ranks its job said it has.")
     contact_at: datetime | None = Field(default=None, description="When any of its processes last posted.")
     takes_stop: bool = Field(default=False, description="Its script stops when asked (report.stop_requested).")
+    checkpoint_folder: str | None = Field(default=None, description="Where its script saves, in the shared folder.")
 
 
 class RunDetail(RunOut):
@@ -397,6 +398,9 @@ class JoinIn(BaseModel):
     local_world_size: int = Field(ge=1, le=wire.MAX_RANK, strict=True)
     host: HostName
     takes_stop: bool = Field(default=False, description="The script reads report.stop_requested() and stops itself.")
+    checkpoint_dir: Annotated[str, StringConstraints(max_length=1000)] | None = Field(
+        default=None, description="Where the script saves its checkpoints (step-<step>.pt), in the shared folder."
+    )
 
     @model_validator(mode="after")
     def _rank_in_world(self) -> JoinIn:

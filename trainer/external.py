@@ -50,7 +50,13 @@ def _process_id(pid: int) -> str:
 
 
 def join_request(
-    environ: Mapping[str, str], *, key: str | None, name: str, config: Mapping[str, Any], takes_stop: bool
+    environ: Mapping[str, str],
+    *,
+    key: str | None,
+    name: str,
+    config: Mapping[str, Any],
+    takes_stop: bool,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
 ) -> wire.Join:
     """What this process says when it joins: its job's key, its rank among the job's, and its node."""
     return wire.Join(
@@ -62,6 +68,7 @@ def join_request(
         local_world_size=int(environ.get("LOCAL_WORLD_SIZE", "1")),
         host=wire.node_name(environ, socket.gethostname()),
         takes_stop=takes_stop,
+        checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
     )
 
 

@@ -518,6 +518,7 @@ def init(
     token: str | None = None,
     key: str | None = None,
     takes_stop: bool = False,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
     sample_gpus: bool = True,
 ) -> Reporter | None:
     """Report a script launched elsewhere (its own sbatch, torchrun or Kubernetes job) into one run; call it on every
@@ -525,7 +526,9 @@ def init(
 
     `server` and `token` (an API token of an operator) default to RANKBOARD_URL and RANKBOARD_TOKEN, `name` to
     RANKBOARD_RUN_NAME or the script's file name, `key` to RANKBOARD_RUN_KEY or the job's own id (trainer.external).
-    `takes_stop`: the script checks `stop_requested()` and stops itself, so the dashboard may offer Stop. Each
+    `takes_stop`: the script checks `stop_requested()` and stops itself, so the dashboard may offer Stop.
+    `checkpoint_dir`: where it saves checkpoints named `wire.checkpoint_name(step)`, in the shared folder, for the
+    dashboard to list, inspect, download and prune. Each
     node's local rank 0 also samples its GPUs (`sample_gpus`). In a run that Rankboard launched, the launcher's
     environment already says all this: the arguments are ignored. Never raises.
     """
@@ -536,7 +539,8 @@ def init(
             if _default_made and not environ.get(wire.ENV_RUN_ID):
                 _stderr("report.init() was called after the reporter was made (a second init, or a log before it)")
         else:
-            _default = _external_reporter(server, name, config, token=token, key=key, takes_stop=takes_stop)
+            _default = _external_reporter(server, name, config, token=token, key=key, takes_stop=takes_stop,
+                                          checkpoint_dir=checkpoint_dir)  # fmt: skip
             _default_made = True
             sys.excepthook = _note_uncaught(sys.excepthook)
     reporter = _reporter()
@@ -555,6 +559,7 @@ def _external_reporter(
     token: str | None,
     key: str | None,
     takes_stop: bool,
+    checkpoint_dir: str | os.PathLike[str] | None,
 ) -> Reporter | None:
     environ = os.environ
     url = server or environ.get(wire.ENV_URL)
@@ -563,7 +568,8 @@ def _external_reporter(
         return None
     try:
         name = name or environ.get(wire.ENV_RUN_NAME) or Path(sys.argv[0] or "python").stem
-        request = external.join_request(environ, key=key, name=name, config=config or {}, takes_stop=takes_stop)
+        request = external.join_request(environ, key=key, name=name, config=config or {}, takes_stop=takes_stop,
+                                        checkpoint_dir=checkpoint_dir)  # fmt: skip
         digest = hashlib.sha256(request.key.encode()).hexdigest()[:16]
         spool_dir = Path(tempfile.gettempdir()) / f"rankboard-{digest}"  # the same for a restarted process
         api_token = token if token is not None else environ.get(wire.ENV_TOKEN, "")

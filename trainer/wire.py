@@ -263,6 +263,7 @@ class Join:
     local_world_size: int
     host: str
     takes_stop: bool = False
+    checkpoint_dir: str | None = None  # absolute: where the script saves its checkpoints (named as CHECKPOINT_GLOB)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -67,8 +67,8 @@ def create_run(
 
 @router.post("/external", response_model=JoinOut, responses={**documented(FieldInvalid), **UNREADABLE_BODY},
              summary="A process of a job launched elsewhere joins its job's run (the first one makes it)")  # fmt: skip
-def join_external(spec: JoinIn, db: SessionDep, caller: CallerDep) -> JoinOut:
-    return external.join(db, spec=spec, actor=caller.name)
+def join_external(spec: JoinIn, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> JoinOut:
+    return external.join(db, spec=spec, shared=folders.shared, actor=caller.name)
 
 
 @router.get("", response_model=RunPage, summary="List runs, newest first")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -28,23 +29,23 @@ EXTERNAL = "external"  # the launcher, and the workload, of a run launched elsew
 DEFAULT_LOST_AFTER = timedelta(minutes=2)  # a client posts every 2 s even when idle: this is minutes of silence
 
 
-def join(db: Session, *, spec: JoinIn, actor: str) -> JoinOut:
+def join(db: Session, *, spec: JoinIn, shared: Path, actor: str) -> JoinOut:
     """The run of the job's key, made by the first process that asks; each process gets its own ingest token."""
     token = secrets.token_urlsafe(32)
     try:
-        return _join_once(db, spec=spec, actor=actor, token=token)
+        return _join_once(db, spec=spec, shared=shared, actor=actor, token=token)
     except IntegrityError:
         # Another process of the job made the run between our read and our insert: its transaction won, so the
         # run is there now. (Its rows are committed, ours were rolled back: nothing is half-written.)
-        return _join_once(db, spec=spec, actor=actor, token=token)
+        return _join_once(db, spec=spec, shared=shared, actor=actor, token=token)
 
 
-def _join_once(db: Session, *, spec: JoinIn, actor: str, token: str) -> JoinOut:
+def _join_once(db: Session, *, spec: JoinIn, shared: Path, actor: str, token: str) -> JoinOut:
     with db.begin():
         run = run_store.run_by_external_key(db, spec.key)
         created = run is None
         if run is None:
-            run = _new_run(db, spec=spec, actor=actor)
+            run = _new_run(db, spec=spec, actor=actor, checkpoints=_in_shared(spec.checkpoint_dir, shared))
         elif run.status.is_final:
             _reopen(db, run, f"rank {spec.rank} on {spec.host} joined again: the job was restarted")
         run.world_size = spec.world_size  # an elastic job may come back with another size
@@ -53,20 +54,30 @@ def _join_once(db: Session, *, spec: JoinIn, actor: str, token: str) -> JoinOut:
     return JoinOut(run_id=run.id, token=token, created=created)
 
 
-def _new_run(db: Session, *, spec: JoinIn, actor: str) -> Run:
+def _in_shared(folder: str | None, shared: Path) -> str | None:
+    """The script's checkpoint folder relative to the shared folder; None when it names none, or one outside it."""
+    if not folder:
+        return None
+    resolved, root = Path(folder).resolve(), shared.resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) and resolved != root else None
+
+
+def _new_run(db: Session, *, spec: JoinIn, actor: str, checkpoints: str | None) -> Run:
     now = utcnow()
     run = Run(
         name=spec.name, status=RunStatus.starting, status_reason="", launcher=EXTERNAL, workload=EXTERNAL,
         external_key=spec.key, config=spec.config, world_size=spec.world_size, takes_stop=spec.takes_stop,
         nproc_per_node=spec.local_world_size, slurm_nodes=max(1, spec.world_size // spec.local_world_size),
         epochs=0, batch_size=0, lr=0.0, checkpoint_every=0, seed=0,
-        created_by=actor, started_at=now, contact_at=now, attempt=1,
+        created_by=actor, started_at=now, contact_at=now, attempt=1, checkpoint_folder=checkpoints,
     )  # fmt: skip
     db.add(run)
     db.flush()  # a second process's insert of the same key fails here, before anything else is written
     audit.record(db, actor=actor, action="created", run_id=run.id)
-    run_store.set_status(db, run, RunStatus.starting, f"launched elsewhere ({spec.key}); rank {spec.rank} on "
-                                                      f"{spec.host} joined first")  # fmt: skip
+    reason = f"launched elsewhere ({spec.key}); rank {spec.rank} on {spec.host} joined first"
+    if spec.checkpoint_dir and checkpoints is None:
+        reason += f"; its checkpoint folder {spec.checkpoint_dir} is not in the shared folder, so none are listed"
+    run_store.set_status(db, run, RunStatus.starting, reason)
     return run
 
 

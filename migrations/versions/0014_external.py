@@ -22,6 +22,7 @@ def upgrade() -> None:
         batch.add_column(sa.Column("world_size", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("contact_at", sa.DateTime(), nullable=True))
         batch.add_column(sa.Column("takes_stop", sa.Boolean(), nullable=False, server_default=sa.false()))
+        batch.add_column(sa.Column("checkpoint_folder", sa.String(1000), nullable=True))
         batch.create_unique_constraint("uq_runs_external_key", ["external_key"])
     with op.batch_alter_table("run_ranks") as batch:
         batch.add_column(sa.Column("ended", sa.String(16), nullable=True))
@@ -41,5 +42,5 @@ def downgrade() -> None:
         batch.drop_column("ended")
     with op.batch_alter_table("runs") as batch:
         batch.drop_constraint("uq_runs_external_key", type_="unique")
-        for column in ("takes_stop", "contact_at", "world_size", "config", "external_key"):
+        for column in ("checkpoint_folder", "takes_stop", "contact_at", "world_size", "config", "external_key"):
             batch.drop_column(column)

@@ -4,6 +4,7 @@ they end decides the run's end; silence makes it lost, and a report brings it ba
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -150,3 +151,21 @@ def test_an_ended_rank_with_an_unknown_ending_is_refused(client: TestClient) -> 
                          headers={"Authorization": f"Bearer {joined['token']}"})  # fmt: skip
     assert answer.status_code == 422 and "ended" in str(answer.json()["detail"])
     assert run(client, joined["run_id"])["status"] == "starting"
+
+
+def test_checkpoints_in_the_folder_a_script_names_are_listed_and_one_outside_the_shared_folder_is_not(
+    client: TestClient, tmp_path: Path
+) -> None:
+    shared = client.app.state.folders.shared  # type: ignore[attr-defined]
+    folder = shared / "teams" / "nlp" / "llama-ft"
+    joined = join(client, checkpoint_dir=str(folder))
+    folder.mkdir(parents=True)
+    (folder / wire.checkpoint_name(500)).write_bytes(b"weights")
+    (folder / "notes.txt").write_text("not a checkpoint")
+    listed = client.get(f"/api/runs/{joined['run_id']}/checkpoints").json()
+    assert [(c["name"], c["path"]) for c in listed] == [("step-00000500.pt", "teams/nlp/llama-ft/step-00000500.pt")]
+
+    elsewhere = join(client, key="slurm:c1:9", checkpoint_dir=str(tmp_path / "outside"))
+    shown = run(client, elsewhere["run_id"])
+    assert shown["checkpoint_folder"] is None
+    assert "is not in the shared folder, so none are listed" in shown["events"][0]["reason"]
