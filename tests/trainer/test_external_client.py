@@ -4,7 +4,9 @@ that refuses it, against the real server."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,20 @@ def test_a_refused_join_is_said_once_and_training_goes_on(
     with engine.connect() as connection:
         assert connection.scalar(select(func.count()).select_from(Run)) == 0
     engine.dispose()
+
+
+def test_processes_joining_at_the_same_moment_share_one_run(server: LiveServer) -> None:
+    server.start()
+    environs = [{**WORKER, "RANK": str(rank), "WORLD_SIZE": "8"} for rank in range(8)]
+    requests = [external.join_request(env, key="job-burst", name="b", config={}, takes_stop=False) for env in environs]
+    barrier = threading.Barrier(len(requests))
+
+    def join(request: wire.Join) -> tuple[int | None, external.Joined | None, str]:
+        barrier.wait()
+        return external.join(server.url, "", request)
+
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(join, requests))
+    assert [status for status, _, _ in answers] == [200] * 8, [detail for _, _, detail in answers]
+    assert len({joined.run_id for _, joined, _ in answers if joined}) == 1
+    assert len({joined.token for _, joined, _ in answers if joined}) == 8
