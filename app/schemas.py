@@ -309,6 +309,39 @@ class PointIn(BaseModel):
     time: float = Field(default=0.0, allow_inf_nan=False)
 
 
+Step = Annotated[int, Field(ge=0, le=wire.MAX_STEP, strict=True)]
+
+
+def _non_finite_names(values: Any) -> Any:
+    """NaN and infinities written as strings (as the per-point format writes them) made floats; anything else is
+    left to the strict check, which takes no other string (nor true)."""
+    if isinstance(values, list) and any(type(value) is str for value in values):
+        return [wire.NON_FINITE.get(value, value) if type(value) is str else value for value in values]
+    return values
+
+
+class ColumnIn(BaseModel):
+    """The points of one metric from one rank, as equally long arrays: the compact format (`wire.Column`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_KEY_LENGTH)]
+    rank: int = Field(default=0, ge=0, le=wire.MAX_RANK, strict=True)
+    steps: list[Step] = Field(max_length=wire.MAX_POINTS_PER_BATCH)
+    # Numbers, with NaN/Infinity/-Infinity written bare (as Python's json writes them) or as strings.
+    values: Annotated[list[Annotated[float, Field(strict=True)]], BeforeValidator(_non_finite_names)] = Field(
+        max_length=wire.MAX_POINTS_PER_BATCH
+    )
+    times: list[Annotated[float, Field(allow_inf_nan=False)]] = Field(max_length=wire.MAX_POINTS_PER_BATCH)
+
+    @model_validator(mode="after")
+    def _equally_long(self) -> ColumnIn:
+        if not len(self.steps) == len(self.values) == len(self.times):
+            raise ValueError(f"steps, values and times must be equally long (got {len(self.steps)}, "
+                             f"{len(self.values)} and {len(self.times)})")  # fmt: skip
+        return self
+
+
 class ProgressIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -369,10 +402,22 @@ class BatchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     points: list[PointIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
+    columns: list[ColumnIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
     progress: ProgressIn | None = None
     node: NodeIn | None = None
     heartbeat: HeartbeatIn | None = None
     ended: EndedIn | None = None
+
+    @model_validator(mode="after")
+    def _at_most_a_batch(self) -> BatchIn:
+        if self.size > wire.MAX_POINTS_PER_BATCH:
+            raise ValueError(f"{self.size} points; a batch holds at most {wire.MAX_POINTS_PER_BATCH}")
+        return self
+
+    @property
+    def size(self) -> int:
+        """How many points the batch carries, in either format."""
+        return len(self.points) + sum(len(column.steps) for column in self.columns)
 
 
 def _small_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -454,24 +454,48 @@ class Reporter:
         heartbeat: wire.Heartbeat | None = None,
         ended: wire.Ended | None = None,
     ) -> bytes:
-        points = tuple(point for point in map(self._to_point, raw) if point is not None)
-        batch = wire.Batch(points=points, progress=progress, node=node, heartbeat=heartbeat, ended=ended)
-        return json.dumps(batch.to_json(), separators=(",", ":"), allow_nan=False).encode()
+        batch = wire.Batch(columns=self._columns(raw), progress=progress, node=node, heartbeat=heartbeat, ended=ended)
+        return json.dumps(batch.to_json(), separators=(",", ":")).encode()  # NaN and infinities written bare
 
-    def _to_point(self, raw: _Raw) -> wire.Point | None:
-        # Checked here rather than in log(): one bad key would otherwise get the whole batch refused with a 422.
-        key, step, value, unix_time, rank = raw
-        if not isinstance(key, str) or not 0 < len(key) <= wire.MAX_KEY_LENGTH:
-            self._warn(
-                f"key {key!r}"[:100],
-                f"metric key {key!r} must be a string of 1..{wire.MAX_KEY_LENGTH} characters; skipped",
-            )
-            return None
+    def _columns(self, raw: Iterable[_Raw]) -> tuple[wire.Column, ...]:
+        """The points as one column per (key, rank), in the order logged. Checked here rather than in log(): one bad
+        key or step would otherwise get the whole batch refused with a 422. This loop is most of the thread's work,
+        so each point costs a dict lookup and three appends."""
+        groups: dict[tuple[str, int], tuple[list[int], list[float], list[float]]] = {}
+        for key, step, value, unix_time, rank in raw:
+            column = groups.get((key, self._rank if rank is None else rank))
+            if column is None:
+                if not self._good_key(key):
+                    continue
+                column = groups[(key, self._rank if rank is None else rank)] = ([], [], [])
+            if type(step) is not int or not 0 <= step <= wire.MAX_STEP:
+                fixed = self._good_step(key, step)
+                if fixed is None:
+                    continue
+                step = fixed
+            column[0].append(step)
+            column[1].append(value)
+            column[2].append(unix_time)
+        return tuple(wire.Column(key, rank, *arrays) for (key, rank), arrays in groups.items())
+
+    def _good_key(self, key: object) -> bool:
+        if isinstance(key, str) and 0 < len(key) <= wire.MAX_KEY_LENGTH:
+            return True
+        self._warn(f"key {key!r}"[:100], f"metric key {key!r} must be a string of 1..{wire.MAX_KEY_LENGTH} "
+                                         "characters; skipped")  # fmt: skip
+        return False
+
+    def _good_step(self, key: str, step: object) -> int | None:
+        """A step that is no plain int (a numpy or torch integer) as an int; None, with a warning, for one that is
+        not an integer in 0..MAX_STEP."""
         try:
-            return wire.Point(key, operator.index(step), value, self._rank if rank is None else rank, unix_time)
+            index = operator.index(step)  # type: ignore[arg-type]
         except TypeError:
-            self._warn(f"step {key}", f"metric {key!r}: step {step!r} is not an integer; skipped")
-            return None
+            index = -1
+        if 0 <= index <= wire.MAX_STEP:
+            return index
+        self._warn(f"step {key}", f"metric {key!r}: step {step!r} is not an integer in 0..{wire.MAX_STEP}; skipped")
+        return None
 
     def _warn(self, topic: str, message: str) -> None:
         if topic not in self._warned:

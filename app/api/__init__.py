@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
 from app.errors import NotAllowed, NotAuthenticated, RankboardError
 from app.schemas import ErrorOut
 
@@ -28,6 +30,21 @@ def documented(*errors: type[RankboardError]) -> dict[int | str, dict[str, Any]]
 UNREADABLE_BODY: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut, "description": "The body is not UTF-8 text."}
 }
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that reads its body itself (so FastAPI does not document it): the model's
+    JSON schema with its definitions written in place, since a `$ref` in the document would be read from its root."""
+    schema = model.model_json_schema()
+    definitions = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            return inline(definitions[ref.rsplit("/", 1)[1]]) if ref else {k: inline(v) for k, v in node.items()}
+        return [inline(item) for item in node] if isinstance(node, list) else node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
 def guarded() -> dict[int | str, dict[str, Any]]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
 
-from app.api import UNREADABLE_BODY, documented
+from app.api import UNREADABLE_BODY, documented, request_body
 from app.deps import CallerDep, FoldersDep, IngestCountersDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound
 from app.models import Run, RunStatus
@@ -120,12 +122,23 @@ def metric_keys(run_id: RunId, db: SessionDep) -> list[str]:
     return metrics.series_keys(db, run_id=run_id)
 
 
+async def trainer_batch(request: Request) -> BatchIn:
+    """The batch, parsed and checked straight from the body's bytes: for 10,000 points in the compact format that is
+    ~6x faster than FastAPI's json.loads followed by a check of the Python objects (bench/ingest.py)."""
+    try:
+        return BatchIn.model_validate_json(await request.body())
+    except ValidationError as error:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]
+        ) from None
+
+
 @router.post("/{run_id}/metrics", response_model=IngestResult, response_model_exclude_defaults=True,
              responses={**documented(InvalidToken, RunNotFound, RunNotActive), **UNREADABLE_BODY},
-             summary="Ingest a trainer's batch (idempotent)")  # fmt: skip
+             openapi_extra=request_body(BatchIn), summary="Ingest a trainer's batch (idempotent)")  # fmt: skip
 def ingest(
     run_id: RunId,
-    batch: BatchIn,
+    batch: Annotated[BatchIn, Depends(trainer_batch)],
     db: SessionDep,
     token: Annotated[str, Depends(trainer_token)],
     counters: IngestCountersDep,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 import math
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -13,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import InvalidToken, RunNotActive
 from app.models import Run, RunStatus, utcnow
-from app.schemas import BatchIn, IngestResult, PointIn, PointOut, SeriesOut
+from app.schemas import BatchIn, IngestResult, PointOut, SeriesOut
 from app.services import external, nodes, runs
 from app.store import charts as chart_store
 from app.store import metrics as metric_store
@@ -54,7 +53,7 @@ def ingest(
             external.took_batch(db, run)
         if run.status not in ACCEPTS_METRICS:
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
-        stored = _store_points(db, run_id=run_id, points=batch.points)
+        stored = _store_points(db, run_id=run_id, batch=batch)
         nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)
         if advance_progress(run, batch):
             run.heartbeat_at = utcnow()
@@ -64,7 +63,7 @@ def ingest(
         if batch.ended is not None and run.launcher == external.EXTERNAL:
             external.ended(db, run, batch.ended)
         stop = run.launcher == external.EXTERNAL and run.stop_requested_at is not None
-    result = IngestResult(accepted=len(batch.points), stored=stored, stop=stop)
+    result = IngestResult(accepted=batch.size, stored=stored, stop=stop)
     if counters is not None:  # counted once committed: a batch refused or rolled back was not taken
         counters.add(result)
     return result
@@ -89,15 +88,23 @@ def advance_progress(run: Run, batch: BatchIn) -> bool:
         run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
         if progress.samples_per_s:  # the final report has no rate to give: keep the last measured one
             run.samples_per_s = progress.samples_per_s
-    top = max((point.step for point in batch.points if not point.key.startswith(CLOCK_STEPPED)), default=None)
+    tops = [point.step for point in batch.points if not point.key.startswith(CLOCK_STEPPED)]
+    tops += [max(c.steps) for c in batch.columns if c.steps and not c.key.startswith(CLOCK_STEPPED)]
+    top = max(tops, default=None)
     if top is not None:
         run.step = max(run.step, top)
     return progress is not None or top is not None
 
 
-def _store_points(db: Session, *, run_id: int, points: Sequence[PointIn]) -> int:
-    ids = metric_store.series_ids(db, run_id=run_id, keys={p.key for p in points})
-    rows = [(ids[p.key], p.step, p.rank, None if math.isnan(p.value) else p.value, p.time) for p in points]
+def _store_points(db: Session, *, run_id: int, batch: BatchIn) -> int:
+    keys = {p.key for p in batch.points} | {column.key for column in batch.columns}
+    ids = metric_store.series_ids(db, run_id=run_id, keys=keys)
+    # NaN is stored as NULL (see MetricPoint); `v != v` is NaN's test, inline: this runs once per point.
+    rows = [(ids[p.key], p.step, p.rank, None if math.isnan(p.value) else p.value, p.time) for p in batch.points]
+    for column in batch.columns:
+        series, rank = ids[column.key], column.rank
+        rows += [(series, step, rank, None if v != v else v, t)
+                 for step, v, t in zip(column.steps, column.values, column.times, strict=True)]  # fmt: skip
     stored = metric_store.insert_points(db, rows)
     if stored:  # a batch of nothing but re-sent points cannot change the charts' tiers
         chart_store.refresh_tiers(db, rows)
@@ -119,7 +126,7 @@ def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
                 batch = BatchIn.model_validate_json(line)
             except ValidationError:
                 continue
-            stored += _store_points(db, run_id=run_id, points=batch.points)
+            stored += _store_points(db, run_id=run_id, batch=batch)
             advance_progress(run, batch)
         spool.unlink()
     return stored

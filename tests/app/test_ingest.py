@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -9,7 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.models import Run, RunStatus
-from tests.app.conftest import batch, post, ranks_at_each_step, read_all_pages, series
+from app.services.runs import hash_token
+from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, series
 from trainer import wire
 
 
@@ -152,3 +154,67 @@ def test_progress_never_moves_back(client: TestClient, run_id: int) -> None:
     post(client, run_id, {"points": [], "progress": {**progress, "epoch": 1, "step": 30}})  # an older batch, resent
     run = client.get(f"/api/runs/{run_id}").json()
     assert (run["epoch"], run["step"], run["total_steps"]) == (2, 40, 100)
+
+
+def columns(*columns: wire.Column) -> str:
+    """A batch in the compact format, as the client writes it: NaN and infinities bare."""
+    return json.dumps(wire.Batch(columns=columns).to_json())
+
+
+def post_raw(client: TestClient, run_id: int, body: str):  # type: ignore[no-untyped-def]
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    return client.post(f"/api/runs/{run_id}/metrics", content=body, headers=headers)
+
+
+def test_both_formats_store_the_same_points_nan_and_infinities_included(client: TestClient, run_id: int) -> None:
+    values = [0.5, math.nan, math.inf, -math.inf, 1e-300, 2.0]
+    steps, ranks = [1, 2, 3, 4, 5, 2**40], (0, 3)
+    per_point = tuple(wire.Point("loss", s, v, r, 1.7e9 + s) for r in ranks for s, v in zip(steps, values, strict=True))
+    compact = tuple(wire.Column("loss", r, steps, values, [1.7e9 + s for s in steps]) for r in ranks)
+    other = int(client.post("/api/runs", json={"name": "compact"}).json()["id"])
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, other).status, db.get(Run, other).token_hash = RunStatus.running, hash_token(TOKEN)
+    assert post(client, run_id, wire.Batch(per_point).to_json()).json() == {"accepted": 12, "stored": 12}
+    assert post_raw(client, other, columns(*compact)).json() == {"accepted": 12, "stored": 12}
+    assert post_raw(client, other, columns(*compact)).json() == {"accepted": 12, "stored": 0}  # a retry
+    old, new = series(client, run_id), series(client, other)
+    assert [(s, r) for s, r, _ in old] == [(s, r) for s, r, _ in new] and len(old) == 12
+    for (_, _, a), (_, _, b) in zip(old, new, strict=True):
+        assert a == b or (math.isnan(a) and math.isnan(b))
+    # Strings for the non-finite values, as the per-point format writes them, are taken too.
+    assert post_raw(client, other, '{"columns": [{"key": "k", "steps": [1], "values": ["NaN"], "times": [0]}]}').json()
+    assert math.isnan(series(client, other, "k")[0][2])
+
+
+@pytest.mark.parametrize(
+    ("column", "says"),
+    [
+        (
+            {"key": "loss", "steps": [1, 2, 3], "values": [0.1, 0.2], "times": [0, 0, 0]},
+            "equally long (got 3, 2 and 3)",
+        ),
+        ({"key": "loss", "steps": [1, 2.5], "values": [0.1, 0.2], "times": [0, 0]}, "steps"),
+        ({"key": "loss", "steps": [1, 2], "values": [0.1, "fast"], "times": [0, 0]}, "values"),
+        ({"key": "loss", "steps": [1, 2], "values": [0.1, True], "times": [0, 0]}, "values"),
+        ({"key": "loss", "steps": [1, -2], "values": [0.1, 0.2], "times": [0, 0]}, "steps"),
+        ({"key": "", "steps": [1], "values": [0.1], "times": [0]}, "key"),
+        ({"key": "loss", "steps": [1], "values": [0.1], "times": [0], "unit": "s"}, "unit"),
+    ],
+)
+def test_a_malformed_column_is_refused_naming_it_and_nothing_is_stored(
+    client: TestClient, run_id: int, column: dict, says: str
+) -> None:
+    good = {"key": "loss", "steps": [7], "values": [0.7], "times": [0]}
+    answer = post_raw(client, run_id, json.dumps({"columns": [good, column]}))
+    assert answer.status_code == 422
+    detail = answer.json()["detail"]
+    assert detail[0]["loc"][:3] == ["body", "columns", 1] and says in json.dumps(detail)
+    assert series(client, run_id) == []
+
+
+def test_a_batch_of_more_points_than_a_batch_holds_is_refused(client: TestClient, run_id: int) -> None:
+    steps = list(range(wire.MAX_POINTS_PER_BATCH // 2 + 1))  # two columns, each within bounds, too many together
+    halves = [wire.Column(key, 0, steps, [0.0] * len(steps), [0.0] * len(steps)) for key in ("loss", "lr")]
+    answer = post_raw(client, run_id, columns(*halves))
+    assert answer.status_code == 422 and "a batch holds at most 10000" in answer.text
+    assert series(client, run_id) == []

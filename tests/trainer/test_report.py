@@ -52,8 +52,10 @@ def test_log_returns_at_once_and_close_spools_every_point_in_order(tmp_path: Pat
     reporter.close()  # idempotent
     assert reporter.spool_path.name == f"spool-{socket.gethostname()}-rank1.jsonl"
     lines = reporter.spool_path.read_text().splitlines()
-    spooled = [(p["key"], p["step"]) for line in lines for p in json.loads(line)["points"]]
-    assert spooled == [(key, step) for step in range(20_000) for key in ("loss", "lr")]
+    columns = [column for line in lines for column in json.loads(line)["columns"]]
+    for key in ("loss", "lr"):  # each metric's steps in the order logged, each once
+        assert [step for c in columns if c["key"] == key for step in c["steps"]] == list(range(20_000))
+    assert {c["rank"] for c in columns} == {1}
 
 
 def test_points_and_progress_reach_the_server(server: LiveServer, tmp_path: Path) -> None:
@@ -176,3 +178,14 @@ def test_each_worker_leaves_its_ranks_beside_torchruns_error_file(tmp_path: Path
     gone = {**env, wire.ENV_RUN_ID: "7", "TORCHELASTIC_ERROR_FILE": str(tmp_path / "no such folder" / "error.json")}
     assert report.leave_rank_marker(gone) is None
     assert report.leave_rank_marker({**env, wire.ENV_RUN_ID: "7", "RANK": "three"}) is None
+
+
+def test_a_spool_an_older_client_wrote_point_by_point_is_replayed(server: LiveServer, tmp_path: Path) -> None:
+    run_id = open_run(server, TOKEN)
+    spool = tmp_path / f"spool-{socket.gethostname()}-rank0.jsonl"
+    old = wire.Batch(tuple(wire.Point("loss", step, step / 7, 0, 1.7e9) for step in range(1, 4)))
+    spool.write_text(json.dumps(old.to_json(), allow_nan=False) + "\n")  # one object per point, as clients once wrote
+    reporter = reporter_for(server, run_id, tmp_path)
+    reporter.log({"loss": 4 / 7}, step=4)
+    reporter.close()
+    assert stored(server, run_id) == losses(range(1, 5)) and not spool.exists()
