@@ -192,7 +192,7 @@ class Reporter:
         rank: int = 0,
         flush_interval: float = 0.5,
         heartbeat_interval: float = 2.0,
-        max_batch: int = 1000,
+        max_batch: int = wire.MAX_POINTS_PER_BATCH,
         *,
         start: bool = True,
         join: wire.Join | None = None,
