@@ -138,7 +138,7 @@ class Run(Base):
 
     # A run launched elsewhere (launcher "external"): the job's key that every rank joins by, what the script said
     # of itself, how many ranks its job has, when any of them last posted, and whether its script takes a stop.
-    external_key: Mapped[str | None] = mapped_column(String(200), unique=True)
+    external_key: Mapped[str | None] = mapped_column(String(200), unique=True, index=True)
     config: Mapped[dict[str, object] | None] = mapped_column(JSON)
     world_size: Mapped[int | None] = mapped_column(Integer)
     contact_at: Mapped[datetime | None] = mapped_column(UtcDateTime)

@@ -2,6 +2,9 @@
 
 Revision ID: 0014
 Revises: 0010
+
+Columns are added, never by rebuilding `runs` (Alembic's batch mode on SQLite): dropping the old table would cascade
+to every run's series and points through their foreign keys.
 """
 
 from collections.abc import Sequence
@@ -14,18 +17,21 @@ down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
+COLUMNS = (
+    sa.Column("external_key", sa.String(200), nullable=True),
+    sa.Column("config", sa.JSON(), nullable=True),
+    sa.Column("world_size", sa.Integer(), nullable=True),
+    sa.Column("contact_at", sa.DateTime(), nullable=True),
+    sa.Column("takes_stop", sa.Boolean(), nullable=False, server_default=sa.false()),
+    sa.Column("checkpoint_folder", sa.String(1000), nullable=True),
+)
+
 
 def upgrade() -> None:
-    with op.batch_alter_table("runs") as batch:
-        batch.add_column(sa.Column("external_key", sa.String(200), nullable=True))
-        batch.add_column(sa.Column("config", sa.JSON(), nullable=True))
-        batch.add_column(sa.Column("world_size", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("contact_at", sa.DateTime(), nullable=True))
-        batch.add_column(sa.Column("takes_stop", sa.Boolean(), nullable=False, server_default=sa.false()))
-        batch.add_column(sa.Column("checkpoint_folder", sa.String(1000), nullable=True))
-        batch.create_unique_constraint("uq_runs_external_key", ["external_key"])
-    with op.batch_alter_table("run_ranks") as batch:
-        batch.add_column(sa.Column("ended", sa.String(16), nullable=True))
+    for column in COLUMNS:
+        op.add_column("runs", column)
+    op.create_index("ix_runs_external_key", "runs", ["external_key"], unique=True)
+    op.add_column("run_ranks", sa.Column("ended", sa.String(16), nullable=True))
     op.create_table(
         "run_tokens",
         sa.Column("token_hash", sa.String(64), primary_key=True),
@@ -38,9 +44,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_run_tokens_run_id", table_name="run_tokens")
     op.drop_table("run_tokens")
-    with op.batch_alter_table("run_ranks") as batch:
-        batch.drop_column("ended")
-    with op.batch_alter_table("runs") as batch:
-        batch.drop_constraint("uq_runs_external_key", type_="unique")
-        for column in ("checkpoint_folder", "takes_stop", "contact_at", "world_size", "config", "external_key"):
-            batch.drop_column(column)
+    op.drop_column("run_ranks", "ended")
+    op.drop_index("ix_runs_external_key", table_name="runs")
+    for column in reversed(COLUMNS):
+        op.drop_column("runs", column.name)
