@@ -3,6 +3,9 @@ compact format (arrays per metric, what the client sends) or the per-point one (
 runs posting at once, each on its own connection.
 
     .venv/bin/python -m bench.ingest [--batches 200] [--batch-size 1000] [--repeats 5] [--format compact|points]
+                                     [--postgres]
+
+--postgres runs the server on a throwaway PostgreSQL (tests/postgres.py: fsync off, Unix socket) instead of SQLite.
 
 Also reports kept-alive request latency (GET /api/health), which guards the uvicorn multi-worker Nagle trap.
 """
@@ -16,9 +19,11 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 from tests.live import LiveServer, open_run
+from tests.postgres import new_database, postgres_server
 from trainer import wire
 
 TOKEN = "bench-token"
@@ -76,10 +81,14 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--format", choices=("compact", "points"), default="compact")
+    parser.add_argument("--postgres", action="store_true")
     args = parser.parse_args()
     compact = args.format == "compact"
-    with tempfile.TemporaryDirectory() as root:
-        server = LiveServer(Path(root), RANKBOARD_SUPERVISE_INTERVAL_S="3600")
+    with tempfile.TemporaryDirectory() as root, ExitStack() as stack:
+        database = (
+            {"RANKBOARD_DATABASE_URL": new_database(stack.enter_context(postgres_server()))} if args.postgres else {}
+        )
+        server = LiveServer(Path(root), RANKBOARD_SUPERVISE_INTERVAL_S="3600", **database)
         server.start()
         try:
             run_id = open_run(server, TOKEN)
@@ -94,7 +103,8 @@ def main() -> None:
         finally:
             server.stop()
     print(
-        f"ingest, {args.format} batches of {args.batch_size}: median {statistics.median(rates):,.0f} points/s "
+        f"ingest into {'PostgreSQL' if args.postgres else 'SQLite'}, {args.format} batches of {args.batch_size}: "
+        f"median {statistics.median(rates):,.0f} points/s "
         f"(runs: {', '.join(f'{r:,.0f}' for r in rates)}); {step:,} points stored"
     )
     print(f"re-sent batches (all duplicates): {args.batches * args.batch_size / retry:,.0f} points/s")

@@ -80,7 +80,7 @@ def workloads(tmp: Path, repeats: int, epochs: int) -> None:
             print(f"{workload:8}  {nproc:5}  {rate:16.1f}  {rate * batch * nproc:9.0f}", flush=True)
 
 
-def reporting(tmp: Path, repeats: int, epochs: int) -> None:
+def reporting(tmp: Path, repeats: int, epochs: int, workload: str = "mlp", *extra: str) -> None:
     """The same mlp run with the client on and off, alternated; with 1 rank a core is left to the reporter's thread
     and the server, as on a GPU node, with 2 ranks they compete with training for this machine's 2 cores."""
     server = LiveServer(tmp / "server")
@@ -93,11 +93,12 @@ def reporting(tmp: Path, repeats: int, epochs: int) -> None:
                 run_id = open_run(server, token)
                 env = {**outside_dashboard(), wire.ENV_RUN_ID: str(run_id), wire.ENV_SERVER_URL: server.url,
                        wire.ENV_TOKEN: token, wire.ENV_RUN_DIR: str(tmp / f"run-{run_id}")}  # fmt: skip
-                on.append(steps_per_s(tmp, nproc, "mlp", epochs, env))
-                off.append(steps_per_s(tmp, nproc, "mlp", epochs, outside_dashboard()))
+                on.append(steps_per_s(tmp, nproc, workload, epochs, env, *extra))
+                off.append(steps_per_s(tmp, nproc, workload, epochs, outside_dashboard(), *extra))
             paired = statistics.median(1 - a / b for a, b in zip(on, off, strict=True))
+            what = f"{workload} {' '.join(extra)}, {nproc} rank(s), {repeats} pairs"
             print(
-                f"mlp, {nproc} rank(s): reporting on {statistics.median(on):.1f} steps/s {sorted(on)}; off "
+                f"{what}: reporting on {statistics.median(on):.1f} steps/s {sorted(on)}; off "
                 f"{statistics.median(off):.1f} {sorted(off)}; median of paired slowdowns {100 * paired:+.1f}%"
             )
     finally:
@@ -109,12 +110,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--part", choices=("all", "workloads", "reporting"), default="all")
+    parser.add_argument("--workload", default="mlp", help="the reporting part's workload")
+    parser.add_argument("--precision", default="off", help="the reporting part's precision (bf16 on a GPU)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         if args.part in ("all", "workloads"):
             workloads(Path(folder), args.repeats, args.epochs)
         if args.part in ("all", "reporting"):
-            reporting(Path(folder), args.repeats, args.epochs)
+            reporting(Path(folder), args.repeats, args.epochs, args.workload, "--precision", args.precision)
 
 
 if __name__ == "__main__":

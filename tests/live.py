@@ -94,8 +94,10 @@ def open_run(server: LiveServer, token: str, status: str = "running") -> int:
 
 
 def set_run(server: LiveServer, run_id: int, **columns: object) -> None:
-    """Writes columns of a run straight into the server's SQLite file."""
-    engine = make_engine(f"sqlite:///{server.root / 'data' / 'rankboard.db'}")
+    """Writes columns of a run straight into the server's database (its SQLite file unless it was given a URL)."""
+    engine = make_engine(
+        server.env.get("RANKBOARD_DATABASE_URL") or f"sqlite:///{server.root / 'data' / 'rankboard.db'}"
+    )
     with engine.begin() as connection:
         connection.execute(update(Run).where(Run.id == run_id).values(**columns))
     engine.dispose()

@@ -58,6 +58,8 @@ def insert_points(db: Session, rows: Sequence[PointRow]) -> int:
     than the insert itself. Every chunk of a batch has the same text, so the driver's statement cache reuses it.
     """
     connection = db.connection()
+    if connection.dialect.name == "postgresql":
+        return _insert_arrays(db, rows)
     marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
     stored = 0
     for start in range(0, len(rows), ROWS_PER_INSERT):
@@ -69,6 +71,21 @@ def insert_points(db: Session, rows: Sequence[PointRow]) -> int:
         )
         stored += max(result.rowcount, 0)
     return stored
+
+
+def _insert_arrays(db: Session, rows: Sequence[PointRow]) -> int:
+    """PostgreSQL's way: five arrays, one per column, unnested into rows by the server. A multi-row VALUES of
+    thousands of parameters made psycopg spend ~75 us per row (bench/ingest.py --postgres); this is one statement."""
+    if not rows:
+        return 0
+    series, steps, ranks, values, times = (list(column) for column in zip(*rows, strict=True))
+    result = db.connection().exec_driver_sql(
+        "INSERT INTO metric_points (series_id, step, rank, value, time) SELECT * FROM unnest("
+        "%s::integer[], %s::bigint[], %s::integer[], %s::double precision[], %s::double precision[])"
+        " ON CONFLICT DO NOTHING",
+        (series, steps, ranks, values, times),
+    )
+    return max(result.rowcount, 0)
 
 
 def series_keys(db: Session, *, run_id: int) -> list[str]:
