@@ -221,6 +221,7 @@ class Reporter:
         # A run launched elsewhere: the server's stop request, and how this process ended (wire.ENDINGS).
         self._stop_requested = threading.Event()
         self._ending: str = "exited"
+        self._flushing = False  # the final flush has begun: its last batch says how this process ended
         self._error: str | None = None
         self._spool = Spool(Path(spool_dir) / f"spool-{self._host}-rank{rank}.jsonl", self._warn)
         self._retry_at, self._retry_delay = 0.0, _RETRY_FIRST_S  # a spool left by a previous process goes first
@@ -331,6 +332,7 @@ class Reporter:
 
     def _flush_all(self) -> None:
         """Send or spool every queued point, and the last progress; runs once, when closing."""
+        self._flushing = True
         if self._spool.pending:
             self._replay_spool()
         self._beat_sent_at = -math.inf  # the last heartbeat goes now, however recent the one before
@@ -378,8 +380,9 @@ class Reporter:
             self._retry_delay = _RETRY_FIRST_S
 
     def _ended_now(self) -> wire.Ended | None:
-        """How this process ended, on the last batch of a run launched elsewhere: once closed, with nothing left."""
-        if self._join is None or not self._closed or self._points:
+        """How this process ended, on the last batch of a run launched elsewhere: the final flush's, once nothing
+        else is left (not a tick's racing with close(): finished() may still come, and the last heartbeat)."""
+        if self._join is None or not self._flushing or self._points:
             return None
         return wire.Ended(self._rank, self._host, self._ending, self._error)
 

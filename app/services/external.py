@@ -91,7 +91,8 @@ def _reopen(db: Session, run: Run, reason: str) -> None:
 
 
 def took_batch(db: Session, run: Run) -> None:
-    """A batch came from one of the run's processes: note the time; a run declared lost is alive after all."""
+    """A batch came from one of the run's processes: note the time; a run declared lost is alive after all. (Its
+    points are stored whatever its state: a rank's last points may come after another rank failed the run.)"""
     run.contact_at = utcnow()
     if run.status == RunStatus.lost:
         run.finished_at = None
@@ -100,9 +101,11 @@ def took_batch(db: Session, run: Run) -> None:
 
 def ended(db: Session, run: Run, ending: EndedIn) -> None:
     """One process says how it ended: a rank that raised fails the run; once every rank has ended, it is over."""
+    # Two ranks ending at once: the second to take the row's lock reads what the first wrote, so one sees both.
+    run_store.reread_locked(db, run, "status")
+    db.refresh(run, attribute_names=["trainer_finished", "stop_requested_at", "world_size"])
     if run.status.is_final:
         return
-    run_store.reread_locked(db, run, "status")  # two ranks ending at once: one of them sees both endings
     rank_store.set_ending(db, run_id=run.id, rank=ending.rank, host=ending.host, how=ending.how, at=utcnow())
     if ending.how == "finished":
         run.trainer_finished = True

@@ -51,7 +51,7 @@ def ingest(
             raise InvalidToken(f"the token is not the one run {run_id} was launched with")
         if run.launcher == external.EXTERNAL:
             external.took_batch(db, run)
-        if run.status not in ACCEPTS_METRICS:
+        if run.status not in ACCEPTS_METRICS and run.launcher != external.EXTERNAL:
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
         stored = _store_points(db, run_id=run_id, batch=batch)
         nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)

@@ -74,6 +74,10 @@ def test_the_run_succeeds_once_every_rank_has_ended_and_fails_when_one_raises(cl
     failed = run(client, third["run_id"])
     assert failed["status"] == "failed"
     assert failed["status_reason"] == "rank 1 on node-a raised ValueError: shapes (3,) and (4,) differ"
+    # Rank 0's last points, sent after rank 1 failed the run, are still its points: kept, and the verdict stands.
+    last = wire.Batch((wire.Point("loss", 9, 0.25),), ended=wire.Ended(0, "node-a", "exited")).to_json()
+    assert post(client, third, last) == {"accepted": 1, "stored": 1}
+    assert run(client, third["run_id"])["status"] == "failed"
 
 
 def test_a_restarted_job_rejoins_its_run_as_the_next_attempt(client: TestClient) -> None:

@@ -85,3 +85,30 @@ def test_stop_on_the_dashboard_stops_every_rank_of_a_job_launched_elsewhere(serv
     log = (tmp_path / "job" / "job.log").read_text()
     assert run["status"] == "stopped" and run["status_reason"] == "stopped on request: all 2 ranks ended"
     assert "[rank 0] stopping at step" in log and "[rank 1] stopping at step" in log
+
+
+def test_a_users_own_sbatch_job_on_two_nodes_joins_one_run_by_its_job_id(
+    slurm: dict[str, str], server: LiveServer, tmp_path: Path
+) -> None:
+    """The user's job script, not ours: one srun task per "node" (two on this one host), each a torchrun agent."""
+    tmp_path.chmod(0o755)
+    shutil.copy(EXAMPLE, tmp_path / "train.py")
+    agent = (f"exec {sys.executable} -m torch.distributed.run --nnodes=2 --nproc-per-node=1 "
+             f"--node-rank=$SLURM_PROCID --master-addr=127.0.0.1 --master-port={free_port()} "
+             f"{tmp_path}/train.py --epochs 1 --batch-size 128 --snapshot {tmp_path}/snapshot.pt")  # fmt: skip
+    (tmp_path / "job.sh").write_text(f"#!/bin/bash\n#SBATCH --ntasks=2 --cpus-per-task=1\nsrun bash -c '{agent}'\n")
+    env = {name: value for name, value in os.environ.items() if not name.startswith("RANKBOARD_")}
+    env |= {**slurm, "RANKBOARD_URL": server.url, "RANKBOARD_RUN_NAME": "own sbatch"}
+    submitted = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/out.txt", str(tmp_path / "job.sh")],
+                               capture_output=True, text=True, env=env, timeout=30, check=True)  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    with server.api() as api:
+        found = wait_for(lambda: only_run(api, "own sbatch"), 120, what="the job's run")
+        run = wait_status(api, found["id"], FINAL, timeout=180)
+        output = (tmp_path / "out.txt").read_text()[-3000:] if (tmp_path / "out.txt").exists() else ""
+        assert (run["status"], run["external_key"]) == ("succeeded", f"slurm:ci:{job_id}"), (run, output)
+        ranks = api.get(f"/api/runs/{run['id']}/ranks").json()
+        # 8,192 samples / 2 ranks / 128: every rank at the last step, each from its own node's agent.
+        assert [(r["rank"], r["step"]) for r in ranks] == [(0, 32), (1, 32)]
+        assert len({r["host"] for r in ranks}) == 2 and len(run["gpus"]) == 2  # two "nodes", each sampled
+        assert [step for step, _ in loss_steps(api, run["id"])] == list(range(1, 33))
