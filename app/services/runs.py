@@ -134,6 +134,8 @@ def resume_run(db: Session, *, run_id: int, folders: RunFolders, actor: str = "l
         run = get_run(db, run_id=run_id)
         if run.status not in RESUMABLE:
             raise RunNotActive(f"run {run_id} is {run.status.value}; only a stopped, failed or lost run can resume")
+        if run.deleting_at is not None:
+            raise RunNotActive(f"run {run_id} is being deleted")
         snapshot = checkpoints.newest_checkpoint(folders.checkpoint_dir(run))
         if snapshot is None and not run.script:
             raise RunNotActive(f"run {run_id} has no checkpoint to resume from; start a new run instead")
