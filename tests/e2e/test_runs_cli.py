@@ -13,10 +13,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from sqlalchemy import insert, update
 
 from app.client import Client, ClientError, WaitTimedOut
+from app.db import make_engine
 from app.launcher import processes
+from app.models import Run, RunStatus
+from app.schemas import RunCreate
+from app.services.runs import hash_token
 from tests.live import REPO, LiveServer, free_port, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -258,3 +264,51 @@ def test_client_commands_import_none_of_the_servers_packages() -> None:
     imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines() if "|" in line}
     assert "rankboard: cannot reach" in result.stderr and "app" in imported
     assert imported & {"sqlalchemy", "pydantic", "fastapi", "starlette", "torch", "httpx", "numpy"} == set()
+
+
+def test_list_finds_sorts_and_shows_columns_and_tag_archive_delete_act(server: LiveServer, tmp_path: Path) -> None:
+    """The runs table from the command line: --search, --filter, --sort, --columns; tag, note, archive, delete."""
+    ids = finished_runs_with_loss(server, {"cli-a": 0.9, "cli-b": 0.2, "cli-c": 0.5})
+    env = {"RANKBOARD_URL": server.url}
+    listed = rankboard("runs", "list", "--search", "cli-", "--filter", "loss.min < 0.8", "--sort", "loss.min",
+                       "--columns", "lr,loss.min", **env)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == [str(ids["cli-b"]), str(ids["cli-c"])]
+    assert "loss.min=0.2" in lines[0] and "lr=0.001" in lines[0]
+    bad = one_error_line(rankboard("runs", "list", "--filter", "loss.min < low", **env))
+    assert "loss.min is a number; 'low' is not" in bad
+    assert rankboard("runs", "tag", "keep", str(ids["cli-a"]), str(ids["cli-b"]), **env).stdout == "tagged 2 runs\n"
+    tagged = rankboard("runs", "list", "--search", "keep", "--json", **env)
+    assert sorted(run["id"] for run in json.loads(tagged.stdout)) == sorted([ids["cli-a"], ids["cli-b"]])
+    assert rankboard("runs", "archive", str(ids["cli-a"]), **env).returncode == 0
+    assert str(ids["cli-a"]) not in rankboard("runs", "list", "-q", "cli-", **env).stdout.split()
+    refused = rankboard("runs", "delete", str(ids["cli-c"]), **env)  # asks; stdin is empty: not deleted
+    assert refused.returncode == 1 and "not deleted" in refused.stderr and "3 metric points" in refused.stderr
+    deleted = rankboard("runs", "delete", str(ids["cli-c"]), "--yes", **env)
+    assert deleted.stdout.startswith(f"deleted run {ids['cli-c']}: 3 points"), deleted.stderr
+    assert "404" in one_error_line(rankboard("runs", "get", str(ids["cli-c"]), **env))
+
+
+def finished_runs_with_loss(server: LiveServer, lows: dict[str, float]) -> dict[str, int]:
+    """Runs that reported a loss falling to `low` through the real ingest endpoint, then finished."""
+    engine = make_engine(f"sqlite:///{server.root / 'data' / 'rankboard.db'}")
+    made = {}
+    try:
+        for name, low in lows.items():
+            spec = RunCreate(name=name).model_dump(exclude={"allow_low_disk"})
+            with engine.begin() as db:
+                run_id = db.execute(insert(Run).values(**spec, status=RunStatus.running, status_reason="",
+                                                       token_hash=hash_token("cli-t0ken"), pid=os.getpid(),
+                                                       pid_start_ticks=processes.start_ticks(os.getpid()))
+                                    ).inserted_primary_key[0]  # fmt: skip
+            points = [{"key": "loss", "step": step, "value": value} for step, value in ((1, 1.0), (2, low), (3, low))]
+            answer = httpx.post(f"{server.url}/api/runs/{run_id}/metrics", json={"points": points},
+                                headers={"Authorization": "Bearer cli-t0ken"})  # fmt: skip
+            assert answer.status_code == 200, answer.text
+            with engine.begin() as db:
+                db.execute(update(Run).where(Run.id == run_id).values(status=RunStatus.succeeded))
+            made[name] = run_id
+    finally:
+        engine.dispose()
+    return made
