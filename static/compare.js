@@ -11,6 +11,7 @@ if (section) {
     const chart = new RunChart(figure, runs[0].id);
     const key = chart.spec.series[0].key;
     runs.slice(1).forEach((run) => chart.addOverlay(run.id, run.label, key));
+    figure.addEventListener("overlay-remove", (event) => chart.removeOverlay(event.detail.run));
     return chart;
   });
   if (section.dataset.live === "true") setInterval(() => charts.forEach((chart) => chart.reload()), LIVE_RELOAD_MS);

@@ -13,16 +13,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from sqlalchemy import insert, update
 
 from app.client import Client, ClientError, WaitTimedOut
-from app.db import make_engine
 from app.launcher import processes
-from app.models import Run, RunStatus
-from app.schemas import RunCreate
-from app.services.runs import hash_token
+from tests.e2e.runs import finished_runs_with_loss
 from tests.live import REPO, LiveServer, free_port, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -288,27 +283,3 @@ def test_list_finds_sorts_and_shows_columns_and_tag_archive_delete_act(server: L
     deleted = rankboard("runs", "delete", str(ids["cli-c"]), "--yes", **env)
     assert deleted.stdout.startswith(f"deleted run {ids['cli-c']}: 3 points"), deleted.stderr
     assert "404" in one_error_line(rankboard("runs", "get", str(ids["cli-c"]), **env))
-
-
-def finished_runs_with_loss(server: LiveServer, lows: dict[str, float]) -> dict[str, int]:
-    """Runs that reported a loss falling to `low` through the real ingest endpoint, then finished."""
-    engine = make_engine(f"sqlite:///{server.root / 'data' / 'rankboard.db'}")
-    made = {}
-    try:
-        for name, low in lows.items():
-            spec = RunCreate(name=name).model_dump(exclude={"allow_low_disk"})
-            with engine.begin() as db:
-                run_id = db.execute(insert(Run).values(**spec, status=RunStatus.running, status_reason="",
-                                                       token_hash=hash_token("cli-t0ken"), pid=os.getpid(),
-                                                       pid_start_ticks=processes.start_ticks(os.getpid()))
-                                    ).inserted_primary_key[0]  # fmt: skip
-            points = [{"key": "loss", "step": step, "value": value} for step, value in ((1, 1.0), (2, low), (3, low))]
-            answer = httpx.post(f"{server.url}/api/runs/{run_id}/metrics", json={"points": points},
-                                headers={"Authorization": "Bearer cli-t0ken"})  # fmt: skip
-            assert answer.status_code == 200, answer.text
-            with engine.begin() as db:
-                db.execute(update(Run).where(Run.id == run_id).values(status=RunStatus.succeeded))
-            made[name] = run_id
-    finally:
-        engine.dispose()
-    return made
