@@ -4,6 +4,7 @@ runs never waits long for the write lock; and, when asked, its own log and check
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,8 +17,12 @@ from app.models import MetricPoint, MetricSeries, Run, utcnow
 from app.services import runs
 from app.store import audit
 
-# Points per transaction: about 50 ms of SQLite's write lock on this hardware (bench/runs_table.py measures it).
-BATCH = 20_000
+# Rows per transaction: about 10 ms of SQLite's write lock on a small machine (bench/runs_table.py measures it).
+BATCH = 5_000
+# After each batch the deletion waits at least this long, or as long as the batch took if longer: a writer that
+# found the lock taken sleeps in SQLite's busy handler (1, 2, 5, 10, 15, 20 ms...), and a deletion that took the lock
+# straight back would find it asleep every time and starve it (an ingest waited 730 ms behind 1,000,000 points).
+PAUSE_S = 0.03
 _POINTS = text(
     "DELETE FROM metric_points WHERE id IN (SELECT id FROM metric_points WHERE series_id = :series_id LIMIT :n)"
 )
@@ -114,7 +119,9 @@ def _tiers_of(db: Session, series_id: int) -> list[int]:
 def _delete_batched(db: Session, statement: object, params: dict[str, int]) -> None:
     """Runs a DELETE ... LIMIT in one short transaction after another until it deletes fewer than a batch."""
     while True:
+        started = time.monotonic()
         with db.begin():
             deleted = db.execute(statement, params).rowcount  # type: ignore[call-overload]
         if deleted < params["n"]:
             return
+        time.sleep(max(PAUSE_S, time.monotonic() - started))
