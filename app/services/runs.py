@@ -43,10 +43,6 @@ def get_run(db: Session, *, run_id: int) -> Run:
     return run
 
 
-def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int) -> tuple[Sequence[Run], int]:
-    return run_store.list_runs(db, status=status, limit=limit, offset=offset)
-
-
 def create_run(
     db: Session, *, spec: RunCreate, settings: Settings, folders: RunFolders, launchers: Launchers, actor: str = "local"
 ) -> Run:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.models import Run, RunEvent, RunStatus
@@ -20,16 +20,6 @@ def reread_locked(db: Session, run: Run, attribute: str) -> None:
     transaction takes the write lock only at the first write, after a plain read could already be stale."""
     db.execute(update(Run).where(Run.id == run.id).values({attribute: getattr(Run, attribute)}))
     db.refresh(run, attribute_names=[attribute])
-
-
-def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int) -> tuple[Sequence[Run], int]:
-    """A page of runs, newest first, and how many match in all."""
-    query = select(Run)
-    if status is not None:
-        query = query.where(Run.status == status)
-    total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
-    runs = db.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
-    return runs, total
 
 
 def recent_runs(db: Session, *, workload: str, limit: int) -> Sequence[Run]:
