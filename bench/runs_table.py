@@ -19,6 +19,26 @@ name search; the compare page and the 10 chart requests its charts make (summed:
 a run page here and in a store with one run. Then ingest stall: one thread sends 100-point batches into a live run
 (through the same service) without pause while the --big run is deleted; the longest and the 99th percentile of
 those ingest calls are reported, and the same with no deletion going on, for comparison.
+
+Last measured (this 2-core machine, shared with other test runs: load average 2-4 for the first SQLite run, 7-8 for
+the others), 10,001 runs and 11,599,500 points (short of the issue's 100,000,000: building takes 5 minutes per
+11.6 million here, 38,000-50,000 points/s through the service on SQLite, 8,700 on PostgreSQL under load):
+
+                                                     SQLite (load ~3)  SQLite (load ~7)  PostgreSQL 15 (load ~7)
+    runs page, val_loss.min < 0.9 sorted by -loss.last    27.6 ms           126 ms            80.7 ms
+    GET /api/runs, the same (50 of 8,758 found)           30.8 ms           153 ms            95.2 ms
+    GET /api/runs tag search / name search              39.6 / 37.3 ms    117 / 115 ms      121 / 110 ms
+    runs page, tag search                                 37.2 ms           131 ms            125 ms
+    compare page, 10 runs of 1,000,000 points             9.6 ms            44.8 ms           72.3 ms
+    its 10 loss charts, width 1000, summed               133 ms            325 ms           1,883 ms
+    run page, 60-point run: here / store of 1 run       4.7 / 5.2 ms      4.4 / 24.3 ms     44.2 / 24.8 ms
+
+Ingest stall while deleting the 1,000,000-point run (100-point batches, max and p99): on SQLite with 20,000-point
+deletion batches back to back, max 734 ms (the fix: smaller batches, a pause after each; app.services.run_deletion);
+with 5,000 and the pause, 161 / 70 ms against 97 / 27 ms with nothing going on (load ~7), 53 / 26 ms against
+25 / 7 ms at load ~3 in a store of 100 runs; with 2,000 (now), 149 / 14 ms against 467 / 9.5 ms (the calm run's
+spike is the machine's), deleting in 29.5 s. PostgreSQL (5,000, load ~7): 427 / 117 ms against 611 / 130 ms with
+nothing going on: a deletion there takes no lock other runs' inserts wait for; the machine's load dominates.
 """
 
 from __future__ import annotations

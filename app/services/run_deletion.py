@@ -17,8 +17,8 @@ from app.models import MetricPoint, MetricSeries, Run, utcnow
 from app.services import runs
 from app.store import audit
 
-# Rows per transaction: about 10 ms of SQLite's write lock on a small machine (bench/runs_table.py measures it).
-BATCH = 5_000
+# Rows per transaction: a few ms of SQLite's write lock on a small machine (bench/runs_table.py measures it).
+BATCH = 2_000
 # After each batch the deletion waits at least this long, or as long as the batch took if longer: a writer that
 # found the lock taken sleeps in SQLite's busy handler (1, 2, 5, 10, 15, 20 ms...), and a deletion that took the lock
 # straight back would find it asleep every time and starve it (an ingest waited 730 ms behind 1,000,000 points).
