@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from http.client import HTTPException, HTTPResponse
 from pathlib import Path
 from typing import Any
@@ -73,10 +73,27 @@ class Client:
         """One run, with its lifecycle events."""
         return self._json("GET", f"/api/runs/{run_id}")
 
-    def list(self, *, status: str | None = None, limit: int = 50, offset: int = 0) -> Records:
-        """Runs, newest first."""
-        query = {"status": status, "limit": limit, "offset": offset}
-        return self._json("GET", "/api/runs", query=query)["items"]
+    def list(self, *, status: str | None = None, limit: int = 50, offset: int = 0, **view: str | None) -> Records:
+        """Runs, newest first; `view`: the runs table's `q`, `filter`, `sort`, `columns` and `archived`."""
+        return self.table(status=status, limit=limit, offset=offset, **view)["items"]
+
+    def table(self, *, status: str | None = None, limit: int = 50, offset: int = 0, **view: str | None) -> Record:
+        """A page of the runs table: `items`, `total`, and with `columns` each run's `values`."""
+        query = {"status": status, "limit": limit, "offset": offset, **view}
+        return self._json("GET", "/api/runs", query=query)
+
+    def label(self, run_id: int, **labels: Any) -> Record:
+        """Sets a run's `tags` (replacing them), `notes` or `archived`."""
+        return self._json("PATCH", f"/api/runs/{run_id}", body=labels)
+
+    def delete(self, run_id: int, *, files: bool = False, dry_run: bool = False) -> Record:
+        """Deletes a finished run and its metrics; `files`: its own folders too; `dry_run`: only says what would go."""
+        query = {"files": str(files).lower(), "dry_run": str(dry_run).lower()}
+        return self._json("DELETE", f"/api/runs/{run_id}", query=query)
+
+    def bulk(self, run_ids: Sequence[int], action: str, tag: str | None = None) -> Record:
+        """`tag`, `untag`, `archive`, `unarchive` or `delete` many runs."""
+        return self._json("POST", "/api/runs/bulk", body={"runs": list(run_ids), "action": action, "tag": tag})
 
     def stop(self, run_id: int) -> Record:
         """Asks a run to stop gracefully; it ends `stopped`."""

@@ -154,6 +154,8 @@ def as_form_text(run_options: dict[str, object]) -> dict[str, str]:
 
 
 def _form_text(value: object) -> str:
+    if isinstance(value, bool):  # what a ticked checkbox posts, and what the form's template checks for
+        return "true" if value else "false"
     if isinstance(value, dict):
         return "\n".join(f"{name}={text}" for name, text in value.items())
     if isinstance(value, list):

@@ -17,6 +17,11 @@ def duration(value: timedelta | float | None) -> str:
     return f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
+def metric(value: float | None) -> str:
+    """A metric's value in a table: four significant digits; a dash for none (NaN is stored as none)."""
+    return "–" if value is None else f"{value:.4g}"
+
+
 def size(n: int) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):

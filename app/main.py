@@ -13,13 +13,14 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
-from app import __version__, logs_pages, pages, users_pages
+from app import __version__, logs_pages, pages, run_records_pages, users_pages
 from app.alert_sender import AlertSender
 from app.api import alerts as alerts_api
 from app.api import charts as charts_api
 from app.api import exposition, guarded, health
 from app.api import files as files_api
 from app.api import host as host_api
+from app.api import run_records as run_records_api
 from app.api import runs as runs_api
 from app.api import users as users_api
 from app.auth.guard import AuthSwitch, Guard
@@ -98,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(host_api.router, responses=guarded())
     app.include_router(runs_api.router, responses=guarded())
+    app.include_router(run_records_api.router, responses=guarded())
     app.include_router(charts_api.router, responses=guarded())
     app.include_router(files_api.router, responses=guarded())
     app.include_router(logs_pages.router, responses=guarded())  # the run page's log panel and the logs API
@@ -106,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.prometheus:
         app.include_router(exposition.router, responses=guarded())
     app.include_router(users_pages.router)
+    app.include_router(run_records_pages.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app

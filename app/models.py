@@ -176,11 +176,22 @@ class Run(Base):
     # Each node's inventory as its GPU sampler reported it (wire.Node), one per host, replaced when it reports again:
     # [{"host": "node-1", "gpus": [{"index": 0, "uuid": "GPU-...", "name": "..."}], "nvml_error": None}, ...].
     gpus: Mapped[list[dict[str, object]] | None] = mapped_column(JSON)
+    # The runs table's own (0011): the user's notes; archived runs leave the default list; a run being deleted has
+    # `deleting_at` set in the first of the deletion's transactions and is shown nowhere from then on.
+    notes: Mapped[str] = mapped_column(Text, default="")
+    archived_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    deleting_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    tag_rows: Mapped[list[RunTag]] = relationship(order_by="RunTag.tag", cascade="all, delete-orphan",
+                                                  passive_deletes=True)  # fmt: skip
 
     events: Mapped[list[RunEvent]] = relationship(
         back_populates="run", order_by="RunEvent.id", cascade="all, delete-orphan", passive_deletes=True
     )
     audit: Mapped[list[AuditEntry]] = relationship(order_by="AuditEntry.id", viewonly=True)
+
+    @property
+    def tags(self) -> list[str]:
+        return [row.tag for row in self.tag_rows]
 
     @property
     def folder(self) -> str:
@@ -281,6 +292,36 @@ class MetricTier(Base):
     min_value: Mapped[float | None] = mapped_column(Float)
     max_value: Mapped[float | None] = mapped_column(Float)
     last_step: Mapped[int] = mapped_column(STEP_TYPE)
+
+
+class RunTag(Base):
+    """One tag on one run."""
+
+    __tablename__ = "run_tags"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+
+
+class MetricSummary(Base):
+    """A series' last value (at its highest step, lowest rank there), min and max over all ranks (ignoring NaN), kept
+    on ingest so the runs table sorts and filters 10,000 runs by a metric without reading their points."""
+
+    __tablename__ = "metric_summaries"
+    __table_args__ = (
+        Index("ix_metric_summaries_key_run", "key", "run_id", unique=True),
+        Index("ix_metric_summaries_run_id", "run_id"),
+    )
+
+    series_id: Mapped[int] = mapped_column(
+        ForeignKey("metric_series.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(200))
+    last_step: Mapped[int] = mapped_column(STEP_TYPE)
+    last_value: Mapped[float | None] = mapped_column(Float)
+    min_value: Mapped[float | None] = mapped_column(Float)
+    max_value: Mapped[float | None] = mapped_column(Float)
 
 
 class Role(str, enum.Enum):

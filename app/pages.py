@@ -9,15 +9,30 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
+from app import run_query
 from app.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, FormInvalid, LoginThrottled, RankboardError
 from app.folders import RunFolders
 from app.forms import as_form_text, parse_run_form, run_form_groups
 from app.launcher.launchers import Launchers
 from app.models import Run, RunStatus
-from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
+from app.params import (
+    After,
+    ArchivedView,
+    CheckpointNames,
+    Columns,
+    Filter,
+    FromRun,
+    InitFrom,
+    LastEventId,
+    PageNumber,
+    RunId,
+    Search,
+    SharedPath,
+    Sort,
+)
 from app.schemas import RunCreate
-from app.services import alerts, checkpoints, files, health, host, metrics, run_charts, runs, storage
+from app.services import alerts, checkpoints, files, health, host, metrics, run_charts, run_records, runs, storage
 from app.settings import Settings
 from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
@@ -57,13 +72,28 @@ HtmxRequest = Annotated[str | None, Header(alias="HX-Request")]
 
 @router.get("/", response_class=HTMLResponse)
 def runs_page(
-    request: Request, db: SessionDep, status: RunStatus | None = None, page_number: PageNumber = 1
+    request: Request,
+    db: SessionDep,
+    status: RunStatus | None = None,
+    page_number: PageNumber = 1,
+    q: Search = "",
+    filter: Filter = "",
+    sort: Sort = "-id",
+    columns: Columns = "",
+    archived: ArchivedView = "hide",
 ) -> Response:
+    """The runs table: search, conditions, sort and columns from the URL, so a view can be shared."""
     offset = (page_number - 1) * PAGE_SIZE  # PageNumber is at least 1
     settings = request.app.state.settings
-    items, total = runs.list_runs(db, status=status, limit=PAGE_SIZE, offset=offset)
+    view = run_query.parse(search=q, filter=filter, sort=sort, columns=columns, archived=archived, status=status)
+    table = run_records.runs_table(db, query=view, limit=PAGE_SIZE, offset=offset)
+    items, total = table.runs, table.total
     context = {
         "runs": items,
+        "table": table,
+        "view": run_query.as_params(view),
+        "any_status": {key: value for key, value in run_query.as_params(view).items() if key != "status"},
+        "fields": run_query.FIELDS,
         "durations": {run.id: runs.elapsed(run) for run in items},  # None until started; up to now while live
         "stalled": {run.id for run in items if health.not_progressing(run, stall_after_s=settings.stall_after_s)},
         "total": total,

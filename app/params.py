@@ -66,3 +66,25 @@ LogFilter = Annotated[str, Query(max_length=200, description="Case-insensitive s
 UserName = Annotated[str, Path(min_length=1, max_length=64, description="A user's name.")]
 TokenId = Annotated[int, Path(ge=1, le=INT32_MAX, description="An API token's id, from the list of tokens.")]
 NextPage = Annotated[str, Query(max_length=2000, description="Where to go after logging in: a path of this server.")]
+
+# The runs table's view (app.run_query): each a string the table's URL carries as the user typed it.
+Search = Annotated[
+    str,
+    Query(
+        max_length=500,
+        description="Words each found in a run's name, tags, status, workload, script, launcher or creator (any case).",
+    ),
+]
+Filter = Annotated[
+    str,
+    Query(
+        max_length=2000,
+        description="Conditions joined by `;` or `and`: `lr < 1e-3; val_loss.min < 0.5` (a metric's last, min or max).",
+    ),
+]
+Sort = Annotated[str, Query(max_length=300, description="A field or metric.last|min|max; `-` first: descending.")]
+Columns = Annotated[str, Query(max_length=3000, description="Extra columns, comma-separated: fields and metric.stat.")]
+ArchivedView = Annotated[
+    Literal["hide", "only", "all"], Query(description="Archived runs: hidden (default), only them, or all.")
+]
+CompareRuns = Annotated[list[Annotated[int, Query(ge=1, le=INT32_MAX)]], Query(description="2 to 10 run ids.")]

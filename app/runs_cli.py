@@ -128,6 +128,25 @@ def parser(schema: dict[str, Any] | None) -> argparse.ArgumentParser:
     listing = command("list", list_runs, "runs, newest first")
     listing.add_argument("--status", choices=["queued", "starting", "running", "stopping", *EXIT_CODES])
     listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    listing.add_argument("--search", "-q", help="words each found in a run's name, tags, status, workload, launcher...")
+    listing.add_argument("--filter", help="conditions on options and metrics: 'lr < 1e-3; val_loss.min < 0.5'")
+    listing.add_argument("--sort", help="a field or metric.last|min|max; '-' first: descending (default -id)")
+    listing.add_argument("--columns", help="extra columns, comma-separated: 'lr,val_loss.min'")
+    listing.add_argument("--archived", choices=["hide", "only", "all"], help="archived runs (default: hidden)")
+    tag = command("tag", tag_runs, "add a tag to runs (--remove: take it off)")
+    tag.add_argument("tag")
+    tag.add_argument("runs", type=int, nargs="+", metavar="run")
+    tag.add_argument("--remove", action="store_true", help="take the tag off instead")
+    note = command("note", note_run, "set a run's notes (replacing them)")
+    note.add_argument("run", type=int)
+    note.add_argument("notes")
+    archive = command("archive", archive_runs, "archive runs: hidden from the default list (--undo: show them again)")
+    archive.add_argument("runs", type=int, nargs="+", metavar="run")
+    archive.add_argument("--undo", action="store_true", help="unarchive")
+    delete = command("delete", delete_run, "delete a finished run and its metrics; asks first unless --yes")
+    delete.add_argument("run", type=int)
+    delete.add_argument("--files", action="store_true", help="its own log and checkpoint folders too")
+    delete.add_argument("--yes", action="store_true", help="do not ask")
     start = command("start", start_run, "create a run (every option of the New-run form is a flag)")
     start_options(start, schema)
     command("get", get_run, "one run").add_argument("run", type=int)
@@ -269,16 +288,73 @@ class Progress:
 
 
 def list_runs(client: Client, args: argparse.Namespace) -> int:
-    """`runs list`: one line a run, or the JSON list."""
-    runs = client.list(status=args.status, limit=args.limit)
+    """`runs list`: one line a run (with its --columns' values and tags), or the JSON list."""
+    view = {"q": args.search, "filter": args.filter, "sort": args.sort, "columns": args.columns,
+            "archived": args.archived}  # fmt: skip
+    table = client.table(status=args.status, limit=args.limit, **view)
     if args.json:
-        print(json.dumps(runs))
+        print(json.dumps(table["items"] if not args.columns else table))
         return 0
-    for run in runs:
+    for run in table["items"]:
         total = f"/{run['total_steps']}" if run["total_steps"] else ""
-        print(
-            f"{run['id']:>6}  {run['status']:<9} step {run['step']}{total:<8} {run['created_at'][:19]}  {run['name']}"
-        )
+        values = table.get("values", {}).get(str(run["id"]), {})
+        shown = "".join(f"  {name}={cell(value)}" for name, value in values.items())
+        tags = f"  [{', '.join(run['tags'])}]" if run.get("tags") else ""
+        when = run["created_at"][:19]
+        print(f"{run['id']:>6}  {run['status']:<9} step {run['step']}{total:<8} {when}  {run['name']}{shown}{tags}")
+    return 0
+
+
+def answer(question: str) -> str:
+    """What the user typed, lowercased; nothing when there is no one to ask (stdin closed)."""
+    try:
+        return input(question).strip().lower()
+    except EOFError:
+        print(file=sys.stderr)
+        return ""
+
+
+def cell(value: Any) -> str:
+    """A column's value: a metric to 6 significant digits; a dash for none."""
+    if value is None:
+        return "-"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def tag_runs(client: Client, args: argparse.Namespace) -> int:
+    """`runs tag TAG RUN...`."""
+    done = client.bulk(args.runs, "untag" if args.remove else "tag", args.tag)
+    print(json.dumps(done) if args.json else f"{'untagged' if args.remove else 'tagged'} {len(done['done'])} runs")
+    return 0
+
+
+def note_run(client: Client, args: argparse.Namespace) -> int:
+    """`runs note RUN TEXT`."""
+    return show_run(client.label(args.run, notes=args.notes), args)
+
+
+def archive_runs(client: Client, args: argparse.Namespace) -> int:
+    """`runs archive RUN...`."""
+    done = client.bulk(args.runs, "unarchive" if args.undo else "archive")
+    print(json.dumps(done) if args.json else f"{'unarchived' if args.undo else 'archived'} {len(done['done'])} runs")
+    return 0
+
+
+def delete_run(client: Client, args: argparse.Namespace) -> int:
+    """`runs delete RUN`: says what goes (points, folders and their size) and asks, unless --yes."""
+    plan = client.delete(args.run, files=args.files, dry_run=True)
+    folders = "".join(f"\n  {f['path']} ({f['bytes']} bytes)" for f in plan["folders"])
+    if not args.yes:
+        print(f"run {plan['run_id']} {plan['name']}: {plan['points']} metric points{folders}", file=sys.stderr)
+        if answer("delete it? [y/N] ") not in ("y", "yes"):
+            print("not deleted", file=sys.stderr)
+            return EXIT_ERROR
+    done = client.delete(args.run, files=args.files)
+    print(
+        json.dumps(done)
+        if args.json
+        else f"deleted run {done['run_id']}: {done['points']} points, {done['bytes']} bytes"
+    )
     return 0
 
 

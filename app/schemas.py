@@ -278,6 +278,9 @@ class RunOut(BaseModel):
     node_list: str | None = Field(description="The nodes Slurm gave the job.")
     attempt: int = Field(description="1 once launched; each requeue after Slurm's time-limit warning adds one.")
     created_by: str | None = Field(default=None, description="Who created the run (None: before it was recorded).")
+    tags: list[str] = Field(default_factory=list, description="The run's tags.")
+    notes: str = Field(default="", description="The user's notes on the run.")
+    archived_at: datetime | None = Field(default=None, description="When archived: not in the default list.")
     # Of a run launched elsewhere (launcher "external"); None or false for the others.
     external_key: str | None = Field(default=None, description="The key its processes join by.")
     config: dict[str, Any] | None = Field(default=None, description="What its script said of itself.")
@@ -297,6 +300,10 @@ class RunPage(BaseModel):
     total: int
     limit: int
     offset: int
+    columns: list[str] = Field(default_factory=list, description="The columns asked for, as `columns` named them.")
+    values: dict[str, dict[str, float | str | bool | None]] = Field(
+        default_factory=dict, description="Per run id, its value of each column (a metric's: None when it has none)."
+    )
 
 
 class PointIn(BaseModel):
@@ -702,3 +709,48 @@ class AlertsOut(BaseModel):
     not_yet_available: list[str] = Field(description="Conditions the server cannot tell yet.")
     disk_free_percent: float
     deliveries: list[AlertDeliveryOut]
+
+
+class RunLabels(BaseModel):
+    """What PATCH /api/runs/{id} changes; a field left out stays as it is."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tags: list[Annotated[str, StringConstraints(max_length=64)]] | None = Field(default=None, max_length=50)
+    notes: str | None = Field(default=None, max_length=10_000)
+    archived: bool | None = None
+
+
+class BulkIn(BaseModel):
+    """One action on many runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runs: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] = Field(min_length=1, max_length=500)
+    action: Literal["tag", "untag", "archive", "unarchive", "delete"]
+    tag: Annotated[str, StringConstraints(max_length=64)] | None = None
+
+
+class BulkOut(BaseModel):
+    done: list[int] = Field(description="The runs acted on.")
+    refused: dict[str, str] = Field(default_factory=dict, description="Per run id, why it was not (delete only).")
+
+
+class RunFolderOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    path: str = Field(description="Relative to the shared folder.")
+    bytes: int
+
+
+class RunDeletionOut(BaseModel):
+    """What deleting a run removes (dry_run) or removed."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    run_id: int
+    name: str
+    points: int
+    folders: list[RunFolderOut] = Field(description="The run's own folders (with files=true), and their sizes.")
+    bytes: int
+    deleted: bool

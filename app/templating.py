@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi.templating import Jinja2Templates
 
-from app.humanize import duration, size
+from app.humanize import duration, metric, size
 from app.models import RunStatus
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -20,7 +20,7 @@ def timestamp(value: datetime | None) -> str:
 
 def make_templates() -> Jinja2Templates:
     templates = Jinja2Templates(directory=TEMPLATES_DIR)  # autoescapes .html templates
-    templates.env.filters.update(duration=duration, size=size, timestamp=timestamp)
+    templates.env.filters.update(duration=duration, metric=metric, size=size, timestamp=timestamp)
     templates.env.globals["RunStatus"] = RunStatus
     return templates
 

@@ -9,20 +9,26 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
+from app import run_query
 from app.api import UNREADABLE_BODY, documented, request_body
 from app.deps import CallerDep, FoldersDep, IngestCountersDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound
 from app.models import Run, RunStatus
 from app.params import (
+    ArchivedView,
     CheckpointName,
     CheckpointNames,
+    Columns,
     EndStep,
+    Filter,
     MetricKey,
     Offset,
     OutputLines,
     RunId,
     RunsLimit,
+    Search,
     SeriesLimit,
+    Sort,
     StartRank,
     StartStep,
 )
@@ -42,7 +48,7 @@ from app.schemas import (
     RunPage,
     SeriesOut,
 )
-from app.services import checkpoints, external, files, health, metrics, nodes, runs
+from app.services import checkpoints, external, files, health, metrics, nodes, run_records, runs
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
 bearer = HTTPBearer(auto_error=False, description="The per-run token the launcher gives the trainer.")
@@ -73,17 +79,25 @@ def join_external(spec: JoinIn, db: SessionDep, folders: FoldersDep, caller: Cal
     return external.join(db, spec=spec, shared=folders.shared, actor=caller.name)
 
 
-@router.get("", response_model=RunPage, summary="List runs, newest first")
+@router.get("", response_model=RunPage, responses=documented(FieldInvalid),
+            summary="List runs: search, filter on options and metrics, sort, extra columns")  # fmt: skip
 def list_runs(
     db: SessionDep,
     status: RunStatus | None = None,
     limit: RunsLimit = 50,
     offset: Offset = 0,
+    q: Search = "",
+    filter: Filter = "",
+    sort: Sort = "-id",
+    columns: Columns = "",
+    archived: ArchivedView = "hide",
 ) -> RunPage:
-    items, total = runs.list_runs(db, status=status, limit=limit, offset=offset)
-    return RunPage.model_validate(
-        {"items": items, "total": total, "limit": limit, "offset": offset}, from_attributes=True
-    )
+    view = run_query.parse(search=q, filter=filter, sort=sort, columns=columns, archived=archived, status=status)
+    table = run_records.runs_table(db, query=view, limit=limit, offset=offset)
+    values = {str(run_id): row for run_id, row in table.values.items()}
+    body = {"items": table.runs, "total": table.total, "limit": limit, "offset": offset,
+            "columns": [c.label for c in view.columns], "values": values}  # fmt: skip
+    return RunPage.model_validate(body, from_attributes=True)
 
 
 @router.get("/{run_id}", response_model=RunDetail, responses=documented(RunNotFound),

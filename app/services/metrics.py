@@ -17,6 +17,7 @@ from app.services import external, nodes, runs
 from app.store import charts as chart_store
 from app.store import metrics as metric_store
 from app.store import runs as run_store
+from app.store import summaries as summary_store
 from app.store.metrics import StoredPoint
 from trainer import wire
 
@@ -108,6 +109,7 @@ def _store_points(db: Session, *, run_id: int, batch: BatchIn) -> int:
     stored = metric_store.insert_points(db, rows)
     if stored:  # a batch of nothing but re-sent points cannot change the charts' tiers
         chart_store.refresh_tiers(db, rows)
+        summary_store.refresh(db, ids.values())  # the runs table's last, min and max, in the same transaction
     return stored
 
 

@@ -43,10 +43,6 @@ def get_run(db: Session, *, run_id: int) -> Run:
     return run
 
 
-def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int) -> tuple[Sequence[Run], int]:
-    return run_store.list_runs(db, status=status, limit=limit, offset=offset)
-
-
 def create_run(
     db: Session, *, spec: RunCreate, settings: Settings, folders: RunFolders, launchers: Launchers, actor: str = "local"
 ) -> Run:
@@ -136,6 +132,8 @@ def resume_run(db: Session, *, run_id: int, folders: RunFolders, actor: str = "l
             raise RunNotActive(f"run {run_id} was launched elsewhere: start its job there again, and it rejoins")
         if run.status not in RESUMABLE:
             raise RunNotActive(f"run {run_id} is {run.status.value}; only a stopped, failed or lost run can resume")
+        if run.deleting_at is not None:
+            raise RunNotActive(f"run {run_id} is being deleted")
         snapshot = checkpoints.newest_checkpoint(folders.checkpoint_dir(run))
         if snapshot is None and not run.script:
             raise RunNotActive(f"run {run_id} has no checkpoint to resume from; start a new run instead")

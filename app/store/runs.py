@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app.models import Run, RunEvent, RunStatus, RunToken
@@ -30,16 +30,6 @@ def run_by_external_key(db: Session, key: str) -> Run | None:
 def has_process_token(db: Session, *, run_id: int, token_hash: str) -> bool:
     """Whether one of the run's joined processes was given the token of this hash."""
     return db.scalar(select(RunToken.run_id).where(RunToken.token_hash == token_hash)) == run_id
-
-
-def list_runs(db: Session, *, status: RunStatus | None, limit: int, offset: int) -> tuple[Sequence[Run], int]:
-    """A page of runs, newest first, and how many match in all."""
-    query = select(Run)
-    if status is not None:
-        query = query.where(Run.status == status)
-    total = db.scalar(select(func.count()).select_from(query.subquery())) or 0
-    runs = db.scalars(query.order_by(Run.id.desc()).limit(limit).offset(offset)).all()
-    return runs, total
 
 
 def recent_runs(db: Session, *, workload: str, limit: int) -> Sequence[Run]:

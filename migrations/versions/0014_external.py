@@ -1,7 +1,7 @@
 """external runs: a job started elsewhere (its own sbatch, torchrun or Kubernetes) that reports into one run
 
 Revision ID: 0014
-Revises: 0010
+Revises: 0011_runs_table
 
 Columns are added, never by rebuilding `runs` (Alembic's batch mode on SQLite): dropping the old table would cascade
 to every run's series and points through their foreign keys.
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011_runs_table"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

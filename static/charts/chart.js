@@ -124,10 +124,10 @@ export class RunChart {
     else this.draw();
   }
 
-  addOverlay(run, label) {
+  addOverlay(run, label, key = "loss") {
     const used = this.sources.filter((s) => s.overlay).length;
     const hue = OVERLAY_COLORS[used % OVERLAY_COLORS.length];
-    this.sources.push({ key: "loss", label, color: hue, dashed: false, per_rank: false, run, rank: null, overlay: true });
+    this.sources.push({ key, label, color: hue, dashed: false, per_rank: false, run, rank: null, overlay: true });
     this.reload();
   }
 

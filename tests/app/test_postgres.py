@@ -118,3 +118,24 @@ def test_metrics_for_prometheus_read_the_newest_gpu_sample_on_postgresql(admin_d
         scraped = {f.name: f.samples for f in text_string_to_metric_families(client.get("/metrics").text)}
     util = [(s.labels, s.value) for s in scraped["rankboard_gpu_utilization_ratio"]]
     assert util == [({"run_id": str(run_id), "host": "node-a", "gpu": "3"}, 0.04)]
+
+
+def test_the_runs_table_filters_sorts_searches_and_deletes_on_postgresql(pg_client: TestClient) -> None:
+    made = []
+    for values in ([1.0, 0.2], [0.9, 0.6], [0.4, math.nan]):
+        run_id = running_run(pg_client)
+        points = tuple(wire.Point("loss", step, value) for step, value in enumerate(values, start=1))
+        assert post(pg_client, run_id, wire.Batch(points).to_json()).status_code == 200
+        made.append(run_id)
+    a, b, c = made
+    pg_client.patch(f"/api/runs/{b}", json={"tags": ["Keeper"]})
+    view = {"filter": "loss.min < 0.7; lr >= 1e-4", "sort": "loss.last", "columns": "loss.last,loss.min,lr"}
+    body = pg_client.get("/api/runs", params=view).json()
+    assert [run["id"] for run in body["items"]] == [a, b, c]  # c's last value is NaN: it sorts last
+    assert body["values"][str(c)] == {"loss.last": None, "loss.min": 0.4, "lr": 0.001}
+    assert [run["id"] for run in pg_client.get("/api/runs", params={"q": "keeper"}).json()["items"]] == [b]
+    with pg_client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, a).status = RunStatus.succeeded
+    assert pg_client.delete(f"/api/runs/{a}").json()["points"] == 2
+    assert [run["id"] for run in pg_client.get("/api/runs").json()["items"]] == [c, b]
+    assert pg_client.get(f"/api/runs/{a}/metrics").status_code == 404

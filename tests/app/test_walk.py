@@ -25,7 +25,7 @@ from markupsafe import escape
 from app.main import create_app
 from app.models import RunStatus
 from app.settings import Settings
-from tests.run_states import ELSEWHERE, STATES, UNSTARTED, Seeded, bulk_runs, seed_states, supervisor_has_seen
+from tests.run_states import ELSEWHERE, STATES, UNSTARTED, WAITING, Seeded, bulk_runs, seed_states, supervisor_has_seen
 from trainer import wire
 
 HISTORY = 1000
@@ -110,9 +110,11 @@ FILL: dict[str, Fill] = {
     "rank": lambda store, run: "1" if run and run.has_logs else None,
     "stream": lambda store, run: "stderr" if run and run.has_logs else None,
     "path": lambda store, run: store.checkpoint_path,
+    # /compare's runs: the walk's variants name 2 to 10 of them; with fewer in the store, a 422 saying how many.
+    "run": lambda store, run: str(store.runs[0][0]) if len(store.runs) >= 2 else None,
 }
 MISSING = {"key": "rank/step_ms", "name": wire.checkpoint_name(40), "rank": "1", "stream": "stderr",
-           "path": "checkpoints/run-1/step-00000040.pt"}  # fmt: skip
+           "path": "checkpoints/run-1/step-00000040.pt", "run": "1"}  # fmt: skip
 
 
 @dataclass
@@ -236,6 +238,15 @@ def not_found(what: str) -> Callable[[Answer], None]:
 
 def runs_list(answer: Answer) -> None:
     """The table of the store's runs: the ones of this page (and status), or what to do when there is none."""
+    if "filter" in answer.query:  # tests/app/test_runs_table.py checks what a view finds; here, that it shows
+        assert answer.response.status_code == 200
+        if not answer.store.seeded:
+            assert "No run matches" in answer.text
+            return
+        some = "walk failed" if "failed" in answer.store.seeded else "walk running"
+        assert some in answer.text and "walk queued" not in answer.text  # a run without a loss matches nothing
+        assert all(f">{column}" in answer.text for column in answer.query["columns"].split(","))
+        return
     status = answer.query.get("status")
     matching = [run for run in answer.store.runs if status is None or run[2].value == status]
     page = int(answer.query.get("page_number", "1"))
@@ -258,6 +269,29 @@ def runs_list(answer: Answer) -> None:
     if len(matching) > PAGE_SIZE:
         pages = -(-len(matching) // PAGE_SIZE)
         assert f"Page {page} of {pages} ({len(matching)} runs)" in answer.text
+
+
+def compare_page(answer: Answer) -> None:
+    """Each run's name, the options side by side, a chart for each metric they all have."""
+    if answer.missing:
+        assert answer.response.status_code == 422 and "compare 2 to 10 different runs" in answer.text
+        return
+    compared = [int(run_id) for run_id in answer.query["run"]]
+    names = {run_id: name for run_id, name, _status in answer.store.runs}
+    assert all(str(escape(names[run_id])) in answer.text for run_id in compared)
+    assert 'id="compare-options"' in answer.text and "<th>lr</th>" in answer.text
+    started = [run for run in answer.store.seeded.values() if run.id in compared and run.state not in UNSTARTED]
+    assert ("data-chart=" in answer.text) == (len(started) == len(compared)), answer.text[-2000:]
+
+
+def delete_page(answer: Answer) -> None:
+    run = answer.seeded
+    assert str(escape(run.name)) in answer.text
+    if run.status.is_final:
+        assert "metric points" in answer.text and f"Delete run {run.id}</button>" in answer.text
+        assert ('id="delete-files"' in answer.text) == (run.state not in WAITING)  # its folders, with their size
+    else:
+        assert "stop it before deleting it" in answer.text
 
 
 def new_run_form(answer: Answer) -> None:
@@ -401,6 +435,8 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/": runs_list,
     "/runs/new": new_run_form,
     "/runs/{run_id}": run_page,
+    "/runs/{run_id}/delete": delete_page,
+    "/compare": compare_page,
     "/runs/{run_id}/logs": logs_panel,
     "/runs/{run_id}/stream": run_stream,
     "/runs/{run_id}/logs/stream": log_stream,
@@ -456,7 +492,14 @@ VARIANTS: dict[str, Callable[[Store, Seeded | None], list[Variant]]] = {
         {"_target": "runs-table", "_hx": "1", "page_number": "2"},
         *({"status": s.value} for s in RunStatus),
         {"status": "running", "_target": "runs-table", "_hx": "1"},
+        {"q": "walk", "filter": "loss.min < 1; epochs >= 1", "sort": "-loss.last", "columns": "lr,loss.min"},
+        {"q": "walk", "filter": "loss.min < 1", "columns": "seed", "_target": "runs-table", "_hx": "1"},
     ],
+    "/compare": lambda store, run: (
+        [{"run": [str(r.id) for r in store.seeded.values()][:10]}, {"run": [str(r[0]) for r in store.runs[:2]]}]
+        if len(store.runs) >= 2
+        else [{}]
+    ),
     "/runs/{run_id}": lambda store, run: [{}, {"_target": "charts"}],
     "/runs/{run_id}/logs": lambda store, run: [{"_target": "logs", "_hx": "1"}],
     "/runs/{run_id}/logs/stream": lambda store, run: [{"rank": "1", "stream": "stderr", "filter": ""}],

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-import httpx
+import os
 
+import httpx
+from sqlalchemy import insert, update
+
+from app.db import make_engine
 from app.launcher import processes
+from app.models import Run, RunStatus
+from app.schemas import RunCreate
+from app.services.runs import hash_token
 from tests.live import LiveServer, run_processes, wait_for
 
 FINAL = {"succeeded", "failed", "stopped", "lost"}
@@ -38,3 +45,27 @@ def worker_pid(server: LiveServer, *, local_rank: int) -> int:
     """The pid of one trainer worker: torchrun gives only workers a LOCAL_RANK."""
     (pid,) = set(run_processes(server.root)) & set(processes.pids_with_env("LOCAL_RANK", str(local_rank)))
     return pid
+
+
+def finished_runs_with_loss(server: LiveServer, lows: dict[str, float]) -> dict[str, int]:
+    """Runs that reported a loss falling to `low` through the real ingest endpoint, then finished."""
+    engine = make_engine(f"sqlite:///{server.root / 'data' / 'rankboard.db'}")
+    made = {}
+    try:
+        for name, low in lows.items():
+            spec = RunCreate(name=name).model_dump(exclude={"allow_low_disk"})
+            with engine.begin() as db:
+                run_id = db.execute(insert(Run).values(**spec, status=RunStatus.running, status_reason="",
+                                                       token_hash=hash_token("cli-t0ken"), pid=os.getpid(),
+                                                       pid_start_ticks=processes.start_ticks(os.getpid()))
+                                    ).inserted_primary_key[0]  # fmt: skip
+            points = [{"key": "loss", "step": step, "value": value} for step, value in ((1, 1.0), (2, low), (3, low))]
+            answer = httpx.post(f"{server.url}/api/runs/{run_id}/metrics", json={"points": points},
+                                headers={"Authorization": "Bearer cli-t0ken"})  # fmt: skip
+            assert answer.status_code == 200, answer.text
+            with engine.begin() as db:
+                db.execute(update(Run).where(Run.id == run_id).values(status=RunStatus.succeeded))
+            made[name] = run_id
+    finally:
+        engine.dispose()
+    return made

@@ -17,6 +17,7 @@ import pytest
 
 from app.client import Client, ClientError, WaitTimedOut
 from app.launcher import processes
+from tests.e2e.runs import finished_runs_with_loss
 from tests.live import REPO, LiveServer, free_port, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -258,3 +259,27 @@ def test_client_commands_import_none_of_the_servers_packages() -> None:
     imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines() if "|" in line}
     assert "rankboard: cannot reach" in result.stderr and "app" in imported
     assert imported & {"sqlalchemy", "pydantic", "fastapi", "starlette", "torch", "httpx", "numpy"} == set()
+
+
+def test_list_finds_sorts_and_shows_columns_and_tag_archive_delete_act(server: LiveServer, tmp_path: Path) -> None:
+    """The runs table from the command line: --search, --filter, --sort, --columns; tag, note, archive, delete."""
+    ids = finished_runs_with_loss(server, {"cli-a": 0.9, "cli-b": 0.2, "cli-c": 0.5})
+    env = {"RANKBOARD_URL": server.url}
+    listed = rankboard("runs", "list", "--search", "cli-", "--filter", "loss.min < 0.8", "--sort", "loss.min",
+                       "--columns", "lr,loss.min", **env)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == [str(ids["cli-b"]), str(ids["cli-c"])]
+    assert "loss.min=0.2" in lines[0] and "lr=0.001" in lines[0]
+    bad = one_error_line(rankboard("runs", "list", "--filter", "loss.min < low", **env))
+    assert "loss.min is a number; 'low' is not" in bad
+    assert rankboard("runs", "tag", "keep", str(ids["cli-a"]), str(ids["cli-b"]), **env).stdout == "tagged 2 runs\n"
+    tagged = rankboard("runs", "list", "--search", "keep", "--json", **env)
+    assert sorted(run["id"] for run in json.loads(tagged.stdout)) == sorted([ids["cli-a"], ids["cli-b"]])
+    assert rankboard("runs", "archive", str(ids["cli-a"]), **env).returncode == 0
+    assert str(ids["cli-a"]) not in rankboard("runs", "list", "-q", "cli-", **env).stdout.split()
+    refused = rankboard("runs", "delete", str(ids["cli-c"]), **env)  # asks; stdin is empty: not deleted
+    assert refused.returncode == 1 and "not deleted" in refused.stderr and "3 metric points" in refused.stderr
+    deleted = rankboard("runs", "delete", str(ids["cli-c"]), "--yes", **env)
+    assert deleted.stdout.startswith(f"deleted run {ids['cli-c']}: 3 points"), deleted.stderr
+    assert "404" in one_error_line(rankboard("runs", "get", str(ids["cli-c"]), **env))

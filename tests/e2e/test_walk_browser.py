@@ -117,6 +117,12 @@ def test_every_page_with_no_run_one_run_and_a_run_in_every_state(walk: Walk, bro
              stay=STILL_S)  # fmt: skip
         look(page, f"{server.url}/files?path=checkpoints/run-{done.id}", done.checkpoint, stay=STILL_S)
         look(page, f"{server.url}/files/inspect?path={done.checkpoint_path}", "model.weight", stay=STILL_S)
+        look(page, f"{server.url}/?q=walk&filter=loss.min+<+1&columns=lr,loss.last&sort=-loss.min", "walk failed",
+             shot="runs-table")  # fmt: skip
+        compared = "&".join(f"run={seeded[state].id}" for state in ("running", "failed", "succeeded", "queued"))
+        look(page, f"{server.url}/compare?{compared}", "walk succeeded", shot="compare")
+        for state in ("running", "succeeded"):
+            look(page, f"{server.url}/runs/{seeded[state].id}/delete", seeded[state].name, stay=STILL_S)
     finally:
         context.close()
 

@@ -1,0 +1,43 @@
+"""Runs: tags, notes, archive, delete, one by one or many at once."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from app.api import UNREADABLE_BODY, documented
+from app.deps import CallerDep, FoldersDep, SessionDep
+from app.errors import FieldInvalid, RunNotActive, RunNotFound
+from app.models import Run
+from app.params import RunId
+from app.schemas import BulkIn, BulkOut, RunDeletionOut, RunDetail, RunLabels
+from app.services import run_deletion, run_records
+
+router = APIRouter(prefix="/api/runs", tags=["runs"])
+
+
+@router.patch("/{run_id}", response_model=RunDetail,
+              responses={**documented(RunNotFound, FieldInvalid), **UNREADABLE_BODY},
+              summary="Set a run's tags (replacing them), notes, or archived mark")  # fmt: skip
+def label_run(run_id: RunId, labels: RunLabels, db: SessionDep, caller: CallerDep) -> Run:
+    return run_records.label_run(db, run_id=run_id, tags=labels.tags, notes=labels.notes, archived=labels.archived,
+                                 actor=caller.name)  # fmt: skip
+
+
+@router.delete("/{run_id}", response_model=RunDeletionOut, responses=documented(RunNotFound, RunNotActive),
+               summary="Delete a finished run and its metrics (files=true: its own folders too; dry_run tells the "
+                       "cost)")  # fmt: skip
+def delete_run(
+    run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep, files: bool = False, dry_run: bool = False
+) -> run_deletion.DeletionPlan:
+    if dry_run:
+        return run_deletion.plan(db, run_id=run_id, folders=folders, files=files)
+    return run_deletion.delete_run(db, run_id=run_id, folders=folders, files=files, actor=caller.name)
+
+
+@router.post("/bulk", response_model=BulkOut, responses={**documented(RunNotFound, FieldInvalid), **UNREADABLE_BODY},
+             summary="Tag, untag, archive, unarchive or delete many runs")  # fmt: skip
+def bulk(body: BulkIn, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> BulkOut:
+    if body.action == "delete":
+        done, refused = run_deletion.delete_runs(db, run_ids=body.runs, folders=folders, actor=caller.name)
+        return BulkOut(done=done, refused={str(k): v for k, v in refused.items()})
+    return BulkOut(done=run_records.bulk(db, run_ids=body.runs, action=body.action, tag=body.tag, actor=caller.name))

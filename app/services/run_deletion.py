@@ -1,0 +1,127 @@
+"""Deleting a run: its rows and metric points in short batches, each its own transaction, so that ingest into other
+runs never waits long for the write lock; and, when asked, its own log and checkpoint folders, nothing else."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select, text
+from sqlalchemy.orm import Session
+
+from app.errors import RunNotActive, RunNotFound
+from app.folders import RunFolders
+from app.models import MetricPoint, MetricSeries, Run, utcnow
+from app.services import runs
+from app.store import audit
+
+# Rows per transaction: a few ms of SQLite's write lock on a small machine (bench/runs_table.py measures it).
+BATCH = 2_000
+# After each batch the deletion waits at least this long, or as long as the batch took if longer: a writer that
+# found the lock taken sleeps in SQLite's busy handler (1, 2, 5, 10, 15, 20 ms...), and a deletion that took the lock
+# straight back would find it asleep every time and starve it (an ingest waited 730 ms behind 1,000,000 points).
+PAUSE_S = 0.03
+_POINTS = text(
+    "DELETE FROM metric_points WHERE id IN (SELECT id FROM metric_points WHERE series_id = :series_id LIMIT :n)"
+)
+_TIERS = text(
+    "DELETE FROM metric_tiers WHERE series_id = :series_id AND tier = :tier AND bucket <= (SELECT MAX(bucket) FROM"
+    " (SELECT bucket FROM metric_tiers WHERE series_id = :series_id AND tier = :tier ORDER BY bucket LIMIT :n) f)"
+)
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    path: str  # relative to the shared folder
+    bytes: int
+
+
+@dataclass(frozen=True)
+class DeletionPlan:
+    """What deleting a run removes: its metric points, and (when asked) its folders with their sizes."""
+
+    run_id: int
+    name: str
+    points: int
+    folders: list[RunFolder]
+    deleted: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return sum(folder.bytes for folder in self.folders)
+
+
+def plan(db: Session, *, run_id: int, folders: RunFolders, files: bool) -> DeletionPlan:
+    """What deleting the run would remove (its folders only with `files`), without removing anything."""
+    with db.begin():
+        run = runs.get_run(db, run_id=run_id)
+        count = select(func.count()).select_from(MetricPoint).join(MetricSeries).where(MetricSeries.run_id == run_id)
+        points = db.scalar(count) or 0
+        return DeletionPlan(run.id, run.name, points, _own_folders(run, folders) if files else [])
+
+
+def _own_folders(run: Run, folders: RunFolders) -> list[RunFolder]:
+    """The run's log and checkpoint folders that exist, and are real folders inside the shared root's own places."""
+    found = []
+    for path, parent in ((folders.run_dir(run), "logs"), (folders.checkpoint_dir(run), "checkpoints")):
+        if path.is_dir() and not path.is_symlink() and path.resolve().parent == (folders.shared / parent).resolve():
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+            found.append(RunFolder(str(path.relative_to(folders.shared)), size))
+    return found
+
+
+def delete_run(
+    db: Session, *, run_id: int, folders: RunFolders, files: bool, actor: str, batch: int = BATCH
+) -> DeletionPlan:
+    """Deletes a finished run: marks it (it leaves every list at once), then its points and tiers batch by batch,
+    then its rows; then its folders if `files`. A run still queued or live is refused: stop it first."""
+    deletion = plan(db, run_id=run_id, folders=folders, files=files)
+    with db.begin():
+        run = runs.get_run(db, run_id=run_id)
+        if not run.status.is_final:
+            raise RunNotActive(f"run {run_id} is {run.status.value}: stop it before deleting it")
+        run.deleting_at = run.deleting_at or utcnow()
+        series = list(db.scalars(select(MetricSeries.id).where(MetricSeries.run_id == run_id)))
+    for series_id in series:
+        _delete_batched(db, _POINTS, {"series_id": series_id, "n": batch})
+        for tier in _tiers_of(db, series_id):
+            _delete_batched(db, _TIERS, {"series_id": series_id, "tier": tier, "n": batch})
+    with db.begin():  # what is left is a few rows per series, and the run's own: cascades take them
+        db.execute(delete(Run).where(Run.id == run_id))
+        what = f"run {run_id} {deletion.name!r}: {deletion.points} points" + (", and its folders" if files else "")
+        audit.record(db, actor=actor, action="deleted run", detail=what)
+    for folder in deletion.folders:  # only with `files`: checked to be the run's own when planned
+        shutil.rmtree(folders.shared / folder.path, ignore_errors=True)
+    return DeletionPlan(deletion.run_id, deletion.name, deletion.points, deletion.folders, True)
+
+
+def delete_runs(
+    db: Session, *, run_ids: Sequence[int], folders: RunFolders, actor: str
+) -> tuple[list[int], dict[int, str]]:
+    """Deletes each finished run of these (their folders stay); returns those deleted, and why the others were not."""
+    done, refused = [], {}
+    for run_id in dict.fromkeys(run_ids):
+        try:
+            delete_run(db, run_id=run_id, folders=folders, files=False, actor=actor)
+            done.append(run_id)
+        except (RunNotActive, RunNotFound) as error:
+            refused[run_id] = error.message
+    return done, refused
+
+
+def _tiers_of(db: Session, series_id: int) -> list[int]:
+    with db.begin():
+        return list(db.scalars(text("SELECT DISTINCT tier FROM metric_tiers WHERE series_id = :s"), {"s": series_id}))
+
+
+def _delete_batched(db: Session, statement: object, params: dict[str, int]) -> None:
+    """Runs a DELETE ... LIMIT in one short transaction after another until it deletes fewer than a batch."""
+    while True:
+        started = time.monotonic()
+        with db.begin():
+            deleted = db.execute(statement, params).rowcount  # type: ignore[call-overload]
+        if deleted < params["n"]:
+            return
+        time.sleep(max(PAUSE_S, time.monotonic() - started))
