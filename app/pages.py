@@ -17,7 +17,7 @@ from app.launcher.launchers import Launchers
 from app.models import Run, RunStatus
 from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
 from app.schemas import RunCreate
-from app.services import alerts, checkpoints, files, health, host, metrics, run_charts, runs, storage
+from app.services import alerts, checkpoints, files, forensics, health, host, metrics, run_charts, runs, storage
 from app.settings import Settings
 from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
@@ -153,6 +153,13 @@ def stop_run(
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
+@router.post("/runs/{run_id}/dumps")
+def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> Response:
+    """The run page's "Dump all ranks": the answers appear in its live status within seconds."""
+    forensics.request_dump(db, run_id=run_id, actor=caller.name)
+    return RedirectResponse(f"/runs/{run_id}#dump", status_code=303)
+
+
 @router.post("/runs/{run_id}/resume")
 def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> Response:
     runs.resume_run(db, run_id=run_id, folders=folders, actor=caller.name)
@@ -264,6 +271,7 @@ def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, 
         "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, folders=folders),
         "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
+        "dump": forensics.latest_dump(run, folders=folders, world_size=runs.world_size(run, settings)),
     }  # fmt: skip
 
 

@@ -355,6 +355,7 @@ class ErrorOut(BaseModel):
 class IngestResult(BaseModel):
     accepted: int = Field(description="Points in the batch.")
     stored: int = Field(description="Points that were new; the rest were already stored (a retry).")
+    dump: int | None = Field(None, description="A dump request each rank should answer once; absent when none.")
 
 
 class PointOut(BaseModel):
@@ -540,6 +541,74 @@ class HealthOut(BaseModel):
     stalled: list[StalledRankOut]
     behind: list[int] = Field(description="Ranks whose last step is below the highest rank's.")
     gpu: GpuSpinOut | None = Field(description="The hung-collective signature, when that is what the GPUs show.")
+
+
+class FrameIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: str = Field(max_length=1000)
+    line: int = Field(ge=0)
+    function: str = Field(max_length=1000)
+
+
+class CollectiveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int = Field(ge=0)
+    name: str = Field(max_length=200)
+    sizes: str = Field(max_length=1000)
+
+
+class RankDumpIn(BaseModel):
+    """One rank's answer to a dump request; see `trainer.wire.RankDump`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request: int = Field(ge=1)
+    rank: int = Field(ge=0, le=wire.MAX_RANK)
+    host: str = Field(max_length=wire.MAX_HOST_LENGTH)
+    pid: int = Field(ge=0)
+    taken_at: float
+    stack: list[FrameIn] = Field(max_length=wire.MAX_DUMP_FRAMES)
+    threads: str = Field(max_length=wire.MAX_DUMP_BYTES)
+    collectives: list[CollectiveIn] = Field(default_factory=list, max_length=wire.MAX_DUMP_COLLECTIVES)
+    recorder_error: str | None = Field(None, max_length=1000)
+
+
+class DumpRequested(BaseModel):
+    request: int = Field(description="The request's number; GET .../dumps shows the ranks' answers.")
+
+
+class RankStateOut(BaseModel):
+    """One rank as its dump shows it."""
+
+    rank: int
+    host: str
+    pid: int
+    taken_at: float
+    collective: str | None = Field(description="The collective its main thread is inside (all_reduce), or None.")
+    last_seq: int | None = Field(description="Its flight recorder's newest collective sequence number.")
+    last_collective: str | None
+    where: str = Field(description="Its innermost frame in the script's own code: file:line in function.")
+    top: list[str] = Field(description="Its main thread's innermost frames, most recent first.")
+    threads: str = Field(description="Every thread's stack, as faulthandler prints it.")
+    recorder_error: str | None
+
+
+class DumpOut(BaseModel):
+    """The newest dump of a run's ranks, and who it points at."""
+
+    request: int
+    requested_at: datetime | None
+    expected: int = Field(description="How many ranks the run has.")
+    ranks: list[RankStateOut]
+    missing: list[int] = Field(description="Ranks that have not answered.")
+    culprits: list[int] = Field(description="The ranks the others wait for.")
+    verdict: str = Field(description="The sentence a person reads.")
+
+
+class DumpsOut(BaseModel):
+    latest: DumpOut | None = Field(description="The newest request's answers; None before any request.")
 
 
 class AlertDeliveryOut(BaseModel):

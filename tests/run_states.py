@@ -87,6 +87,8 @@ def seed_states(
         if run.state not in WAITING:
             seeded[run.state] = _leave_files(run, shared)
     _settle(sessions, seeded)
+    if "running" in seeded:
+        _dump(api, seeded["running"].id)
     if "resumed" in seeded:
         assert api.post(f"/api/runs/{seeded['resumed'].id}/resume").status_code == 202
     return seeded
@@ -137,6 +139,23 @@ def _report(api: httpx.Client, run_id: int) -> None:
         answer = api.post(f"/api/runs/{run_id}/metrics", json=batch.to_json(),
                           headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
         assert answer.status_code == 200, answer.text
+
+
+def _dump(api: httpx.Client, run_id: int) -> None:
+    """A dump asked for and answered by both ranks, as their clients answer it: rank 1 stuck in its data loading,
+    one all_reduce behind rank 0, which waits in it."""
+    request = api.post(f"/api/runs/{run_id}/dumps").json()["request"]
+    torch_c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    train = wire.Frame("/shared/train.py", 80, "train")
+    loading = wire.Frame("/shared/data.py", 88, "__next__")
+    stacks = {0: (wire.Frame(torch_c10d, 3252, "all_reduce"), train), 1: (loading, train)}
+    for rank, stack in stacks.items():
+        collectives = tuple(wire.Collective(seq, "gloo:all_reduce", "[[3]]") for seq in range(1, 7 - rank))
+        dump = wire.RankDump(request, rank, HOST, 4200 + rank, 1.7e9, stack, "Thread 0x00007f (most recent call "
+                             "first):\n  File ...", collectives)  # fmt: skip
+        answer = api.post(f"/api/runs/{run_id}/dumps/{request}", json=dump.to_json(),
+                          headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        assert answer.status_code == 204, answer.text
 
 
 def _leave_files(run: Seeded, shared: Path) -> Seeded:

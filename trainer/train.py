@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainer import checkpoints, gpu, report, wire
+from trainer import checkpoints, forensics, gpu, report, wire
 from trainer.checkpoints import CheckpointError, one_line, write_atomically
 from trainer.config import TrainConfig
 from trainer.workloads import WORKLOADS
@@ -176,6 +176,7 @@ class Trainer:
         policy = checkpoints.Policy(config.keep_last, config.keep_best, config.best_metric)
         self.retention = checkpoints.Retention(Path(config.checkpoint_dir), policy, cluster.say)
         self.model, self.optimizer, self.scheduler = self._build_model()
+        self.fault = forensics.Fault.from_env()  # None but in tests
 
     def _loader(self, dataset: Dataset[Any], sampler: DistributedSampler[int]) -> DataLoader[tuple[Tensor, ...]]:
         # In-memory tensors: worker processes would only add start-up time and copies.
@@ -317,6 +318,8 @@ class Trainer:
             fetched = time.perf_counter()
             loss, grad_norm = self._optimizer_step(micro_batches)
             self.step, self.epoch_step = self.step + 1, self.epoch_step + 1
+            if self.fault and self.fault.hits("hang", rank=self.cluster.rank, step=self.step):
+                forensics.hang_forever()  # a test's rank that never reaches the step's all_reduce
             stop = self._agree(loss, grad_norm)  # waits for the step's work: the times below include it
             self.times.add(fetched - started, time.perf_counter() - fetched)
             report.heartbeat(self.step)  # every rank's own: the dashboard sees which one stopped moving

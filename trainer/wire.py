@@ -293,3 +293,58 @@ class CheckpointSidecar:
         if checkpoint_step(sidecar.file) != sidecar.step or not sidecar.file.endswith(".pt"):
             raise ValueError(f"not a checkpoint sidecar: file {sidecar.file!r} does not match step {sidecar.step}")
         return sidecar
+
+
+# Dumps of every rank ("which rank, and why"; trainer/forensics.py, app/services/forensics.py). While a dump is
+# requested, the server's reply to any ingest POST carries `DUMP_REPLY_FIELD` with the request's number:
+#     {"accepted": 0, "stored": 0, "dump": 3}
+# and each rank's reporter thread, which runs while the main thread blocks in a collective, answers that number once
+# with a `RankDump` posted to DUMP_PATH (with the run's token). No field, no cost: a reply without it is not parsed.
+DUMP_PATH = "/api/runs/{run_id}/dumps/{request}"
+DUMP_REPLY_FIELD = "dump"
+DUMP_REPLY_MARK = b'"dump":'  # what the client looks for in a reply before it parses it
+MAX_DUMP_BYTES = 2_000_000
+MAX_DUMP_FRAMES = 64  # of the main thread, most recent first
+MAX_DUMP_COLLECTIVES = 20  # the flight recorder's newest entries
+# The ranks' environment: their flight recorder keeps this many collectives (a ring; the dump sends the newest).
+FR_BUFFER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
+# Faults the tests inject into the built-in trainer, "KIND:rank=R:step=S" (trainer/forensics.py: Fault); never set
+# by the dashboard.
+ENV_TEST_FAULT = "RANKBOARD_TEST_FAULT"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a Python stack."""
+
+    file: str
+    line: int
+    function: str
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One entry of a rank's flight recorder: a collective it entered, numbered in the process group."""
+
+    seq: int
+    name: str  # profiling name, such as "gloo:all_reduce"
+    sizes: str  # input sizes, as the recorder gives them
+
+
+@dataclass(frozen=True)
+class RankDump:
+    """What one rank sends for one dump request: its main thread's stack, every thread's as faulthandler prints it,
+    and its flight recorder's newest collectives (empty, with `recorder_error` saying why, where it has none)."""
+
+    request: int
+    rank: int
+    host: str
+    pid: int
+    taken_at: float
+    stack: tuple[Frame, ...]  # the main thread, most recent call first
+    threads: str
+    collectives: tuple[Collective, ...] = ()
+    recorder_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -105,7 +105,7 @@ def metric_keys(run_id: RunId, db: SessionDep) -> list[str]:
     return metrics.series_keys(db, run_id=run_id)
 
 
-@router.post("/{run_id}/metrics", response_model=IngestResult,
+@router.post("/{run_id}/metrics", response_model=IngestResult, response_model_exclude_none=True,
              responses={**documented(InvalidToken, RunNotFound, RunNotActive), **UNREADABLE_BODY},
              summary="Ingest a trainer's batch (idempotent)")  # fmt: skip
 def ingest(

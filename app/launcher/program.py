@@ -43,4 +43,5 @@ def trainer_environment(
         "PYTHONUNBUFFERED": "1",
         # Restarted workers must not reuse the agent's rendezvous store (pytorch/pytorch#135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        **wire.FR_BUFFER_ENV,  # each rank's collectives, for a dump to name the one behind
     }

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, object_session
 from app.errors import RunNotFound
 from app.humanize import duration
 from app.models import Run, RunRank, RunStatus, utcnow
+from app.services import dump_requests
 from app.store import health as health_store
 from app.store import ranks as rank_store
 from app.store import runs as run_store
@@ -183,6 +184,7 @@ def record(db: Session, run: Run, *, now: datetime, stall_after: timedelta) -> N
     if health.state != "ok" and not stalled_before:
         reason = health.message.removeprefix("Not progressing: ")
         run_store.set_status(db, run, run.status, f"{NOT_PROGRESSING}: {reason}")
+        dump_requests.ask(run)  # once per episode: every rank's stacks, to name the one the others wait for
     elif health.state == "ok" and last is not None and stalled_before:
         run_store.set_status(db, run, run.status, f"{PROGRESSING_AGAIN}: the ranks' steps move again "
                                                   f"(not progressing was reported {duration(now - last.at)} "

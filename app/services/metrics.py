@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from app.errors import InvalidToken, RunNotActive
 from app.models import Run, RunStatus, utcnow
 from app.schemas import BatchIn, IngestResult, PointIn, PointOut, SeriesOut
-from app.services import nodes, runs
+from app.services import dump_requests, nodes, runs
 from app.store import charts as chart_store
 from app.store import metrics as metric_store
 from app.store import runs as run_store
@@ -59,7 +59,8 @@ def ingest(
             if run.status in (RunStatus.queued, RunStatus.starting):
                 what = "progress" if batch.progress is not None else "step"
                 run_store.set_status(db, run, RunStatus.running, f"the trainer reported its first {what}")
-    result = IngestResult(accepted=len(batch.points), stored=stored)
+        dump = dump_requests.pending(run, now=utcnow())
+    result = IngestResult(accepted=len(batch.points), stored=stored, dump=dump)
     if counters is not None:  # counted once committed: a batch refused or rolled back was not taken
         counters.add(result)
     return result

@@ -29,7 +29,8 @@ ADMIN_PASSWORD = "admin-pass-0451"
 PASSWORDS = {"olga": "operator-pass-9", "vera": "viewer-pass-77"}
 INGEST_TOKEN = "ingest-t0ken-of-run-1"
 EVIL = "http://evil.example"
-PUBLIC = {("GET", "/login"), ("POST", "/login"), ("GET", "/api/health"), ("POST", "/api/runs/{run_id}/metrics")}
+PUBLIC = {("GET", "/login"), ("POST", "/login"), ("GET", "/api/health"), ("POST", "/api/runs/{run_id}/metrics"),
+          ("POST", "/api/runs/{run_id}/dumps/{request}")}  # fmt: skip
 UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
 
 
@@ -100,7 +101,7 @@ def routes(app: FastAPI) -> list[tuple[str, str]]:
 
 def url(path: str, run_id: int) -> str:
     fill = {"run_id": run_id, "key": "loss", "name": "step-00000001.pt", "rank": "0", "stream": "stdout",
-            "user": "nobody", "token_id": 99999}  # fmt: skip
+            "user": "nobody", "token_id": 99999, "request": 1}  # fmt: skip
     return path.format(**fill)
 
 

@@ -175,6 +175,7 @@ def run_page(answer: Answer) -> None:
     # The explanation sits with the logs, far down: a failed or lost run links to it from its status.
     assert ('<a href="#explain">What went wrong</a>' in answer.text) == (run.state in ("failed", "lost"))
     assert 'id="run-alerts"' in answer.text and "No alerts sent." in answer.text  # the section, in every state
+    dump_on_page(answer)
     if run.live:
         assert ("Stopping…</button>" if run.status == RunStatus.stopping else "Stop</button>") in answer.text
 
@@ -268,6 +269,33 @@ def api_run(answer: Answer) -> None:
     assert (body["id"], body["name"], body["status"]) == (answer.seeded.id, answer.seeded.name,
                                                           answer.seeded.status.value)  # fmt: skip
     assert any(answer.seeded.says in event["reason"] for event in body["events"])
+
+
+# The running run's ranks were dumped (tests/run_states.py); the stalled run's dump was asked for by the supervisor
+# and nothing answered it; no other run has one.
+RUNNING_VERDICT = ("rank 1 never reached all_reduce #6 that rank 0 waits in; rank 1's stack: data.py:88 in "
+                   "__next__.")  # fmt: skip
+
+
+def dumps(answer: Answer) -> None:
+    latest = answer.json()["latest"]
+    if answer.seeded.state == "running":
+        assert latest["verdict"] == RUNNING_VERDICT and latest["culprits"] == [1] and latest["missing"] == []
+    elif answer.seeded.state == "not progressing":
+        assert latest["ranks"] == [] and latest["missing"] == [0, 1] and "No rank has answered" in latest["verdict"]
+    else:
+        assert latest is None
+
+
+def dump_on_page(answer: Answer) -> None:
+    """The run page's "Which rank, and why": its button while the run lives, the newest dump's verdict."""
+    run = answer.seeded
+    assert ('id="dump-button"' in answer.text) == (run.status.value in ("starting", "running", "stopping"))
+    if run.state == "running":
+        assert str(escape(RUNNING_VERDICT)) in answer.text and 'data-culprits="1"' in answer.text
+        assert "<code>data.py:88 in __next__</code>" in answer.text
+    elif run.state == "not progressing":
+        assert "No rank has answered yet" in answer.text and "waiting for rank 0, 1" in answer.text
 
 
 def api_health(answer: Answer) -> None:
@@ -403,6 +431,7 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     ),
     "/api/runs/{run_id}": api_run,
     "/api/runs/{run_id}/health": api_health,
+    "/api/runs/{run_id}/dumps": dumps,
     "/api/runs/{run_id}/metrics": metric_keys,
     "/api/runs/{run_id}/metrics/{key}": series,
     "/api/runs/{run_id}/chart": chart,

@@ -1,0 +1,44 @@
+"""Which rank, and why: ask every rank of a run for its stacks, take their answers, read the verdict."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
+
+from app.api import UNREADABLE_BODY, documented
+from app.api.runs import trainer_token
+from app.deps import CallerDep, FoldersDep, SessionDep, SettingsDep
+from app.errors import FieldInvalid, InvalidToken, RunNotActive, RunNotFound
+from app.params import RunId
+from app.schemas import DumpRequested, DumpsOut, RankDumpIn
+from app.services import forensics
+
+router = APIRouter(prefix="/api/runs", tags=["runs"])
+
+
+@router.post("/{run_id}/dumps", status_code=202, response_model=DumpRequested,
+             responses=documented(RunNotFound, RunNotActive),
+             summary="Ask every rank of a live run for its stacks and flight recorder")  # fmt: skip
+def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> DumpRequested:
+    return DumpRequested(request=forensics.request_dump(db, run_id=run_id, actor=caller.name))
+
+
+@router.get("/{run_id}/dumps", response_model=DumpsOut, responses=documented(RunNotFound),
+            summary="The newest dump of every rank, and the rank the others wait for")  # fmt: skip
+def latest_dump(run_id: RunId, db: SessionDep, folders: FoldersDep, settings: SettingsDep) -> DumpsOut:
+    return forensics.run_dump(db, run_id=run_id, folders=folders, settings=settings)
+
+
+@router.post("/{run_id}/dumps/{request}", status_code=204,
+             responses={**documented(InvalidToken, RunNotFound, FieldInvalid), **UNREADABLE_BODY},
+             summary="A rank's answer to a dump request (the trainer's client sends it)")  # fmt: skip
+def receive_dump(
+    run_id: RunId,
+    request: Annotated[int, Path(ge=1, le=2**31 - 1, description="The dump request answered.")],
+    dump: RankDumpIn,
+    db: SessionDep,
+    folders: FoldersDep,
+    token: Annotated[str, Depends(trainer_token)],
+) -> None:
+    forensics.receive_dump(db, run_id=run_id, token=token, request=request, dump=dump, folders=folders)

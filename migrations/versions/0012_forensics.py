@@ -1,0 +1,27 @@
+"""forensics: the run's newest "dump every rank" request, which the ingest reply hands to the ranks
+
+Revision ID: 0012_forensics
+Revises: 0010
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0012_forensics"
+down_revision: str | None = "0010"  # the lead re-chains parallel branches' migrations when merging
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("dump_request", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("dump_requested_at", sa.DateTime(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_column("dump_requested_at")
+        batch.drop_column("dump_request")
