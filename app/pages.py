@@ -17,7 +17,9 @@ from app.launcher.launchers import Launchers
 from app.models import Run, RunStatus
 from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
 from app.schemas import RunCreate
-from app.services import alerts, checkpoints, files, forensics, health, host, metrics, run_charts, runs, storage
+from app.services import alerts, checkpoints, files, health, host, metrics, run_charts, runs, storage
+from app.services import findings as found
+from app.services import forensics as dumps
 from app.settings import Settings
 from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
@@ -156,7 +158,7 @@ def stop_run(
 @router.post("/runs/{run_id}/dumps")
 def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> Response:
     """The run page's "Dump all ranks": the answers appear in its live status within seconds."""
-    forensics.request_dump(db, run_id=run_id, actor=caller.name)
+    dumps.request_dump(db, run_id=run_id, actor=caller.name)
     return RedirectResponse(f"/runs/{run_id}#dump", status_code=303)
 
 
@@ -271,7 +273,8 @@ def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, 
         "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, folders=folders),
         "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
-        "dump": forensics.latest_dump(run, folders=folders, world_size=runs.world_size(run, settings)),
+        "dump": dumps.latest_dump(run, folders=folders, world_size=runs.world_size(run, settings)),
+        "findings": found.loaded_run_findings(run),
     }  # fmt: skip
 
 

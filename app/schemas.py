@@ -155,6 +155,10 @@ class RunCreate(BaseModel):
     )
     bucket_cap_mb: int = Field(default=25, ge=1, le=1024, description="DDP gradient bucket size, in MiB.")
     gradient_as_bucket_view: bool = Field(default=False, description="Gradients as views into DDP's buckets.")
+    stop_on_nonfinite: bool = Field(
+        default=False, description="Stop at the first NaN or infinite loss or gradient norm, checkpointing the last "
+        "finite step; the run page names the step and the rank where it began either way.",
+    )  # fmt: skip
     nccl_env: Annotated[dict[str, str], AfterValidator(_nccl_env)] = Field(
         default_factory=dict, max_length=len(wire.NCCL_ENV), description="NCCL variables, e.g. NCCL_DEBUG=INFO."
     )
@@ -234,6 +238,7 @@ class RunOut(BaseModel):
     find_unused_parameters: bool
     bucket_cap_mb: int
     gradient_as_bucket_view: bool
+    stop_on_nonfinite: bool
     val_every: int
     checkpoint_unit: str
     max_restarts: int
@@ -605,6 +610,21 @@ class DumpOut(BaseModel):
     missing: list[int] = Field(description="Ranks that have not answered.")
     culprits: list[int] = Field(description="The ranks the others wait for.")
     verdict: str = Field(description="The sentence a person reads.")
+
+
+class NonFiniteOut(BaseModel):
+    """Where the loss first became NaN or infinite."""
+
+    step: int | None = Field(description="The first step with a non-finite loss; None if only the norm was.")
+    ranks: list[int] = Field(description="The ranks whose own loss was non-finite at that step.")
+    grad_norm_step: int | None = Field(description="The first step with a non-finite gradient norm.")
+    sentence: str
+
+
+class FindingsOut(BaseModel):
+    """What the ranks' reports say went wrong, and where."""
+
+    nonfinite: NonFiniteOut | None = Field(None, description="The first non-finite loss; None while all were finite.")
 
 
 class DumpsOut(BaseModel):

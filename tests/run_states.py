@@ -11,6 +11,7 @@ signals anything; they hold every process slot, so the queued runs wait.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -84,6 +85,8 @@ def seed_states(
     for run in seeded.values():
         if run.state not in UNSTARTED:
             _report(api, run.id)
+        if run.state == "failed":
+            _nonfinite(api, run.id)
         if run.state not in WAITING:
             seeded[run.state] = _leave_files(run, shared)
     _settle(sessions, seeded)
@@ -156,6 +159,16 @@ def _dump(api: httpx.Client, run_id: int) -> None:
         answer = api.post(f"/api/runs/{run_id}/dumps/{request}", json=dump.to_json(),
                           headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
         assert answer.status_code == 204, answer.text
+
+
+def _nonfinite(api: httpx.Client, run_id: int) -> None:
+    """What the trainer reports of the first non-finite values: the gradient norm inf at step 39, rank 1's loss NaN
+    at step 40 (as the failed run's traceback says)."""
+    points = [wire.Point(wire.NONFINITE_GRAD_NORM_KEY, STEPS - 1, math.inf, 0, 1.7e9),
+              wire.Point(wire.NONFINITE_LOSS_KEY, STEPS, math.nan, 1, 1.7e9)]  # fmt: skip
+    answer = api.post(f"/api/runs/{run_id}/metrics", json=wire.Batch(tuple(points)).to_json(),
+                      headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    assert answer.status_code == 200, answer.text
 
 
 def _leave_files(run: Seeded, shared: Path) -> Seeded:

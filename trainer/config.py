@@ -88,6 +88,10 @@ class TrainConfig:
         default=True,
         metadata={"help": "continue exactly from the newest step-*.pt in checkpoint-dir, if there is one"},
     )
+    stop_on_nonfinite: bool = field(
+        default=False,
+        metadata={"help": "stop at the first NaN or infinite loss or gradient norm; checkpoints the last finite step"},
+    )
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -109,7 +113,8 @@ class TrainConfig:
         _check_choice("checkpoint_unit", self.checkpoint_unit, wire.CHECKPOINT_UNITS)
         _check_int("seed", self.seed, 0, math.inf)
         _check_int("pg_timeout_s", self.pg_timeout_s, 5, 86_400)
-        for flag in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "resume"):
+        for flag in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "resume",
+                     "stop_on_nonfinite"):  # fmt: skip
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir:

@@ -308,8 +308,36 @@ MAX_DUMP_FRAMES = 64  # of the main thread, most recent first
 MAX_DUMP_COLLECTIVES = 20  # the flight recorder's newest entries
 # The ranks' environment: their flight recorder keeps this many collectives (a ring; the dump sends the newest).
 FR_BUFFER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
-# Faults the tests inject into the built-in trainer, "KIND:rank=R:step=S" (trainer/forensics.py: Fault); never set
-# by the dashboard.
+# The first non-finite values the built-in trainer saw (trainer/watch.py), as points: at the step where each became
+# NaN or infinite; the loss once per rank that had it (its value on that rank), the gradient norm (the same on every
+# rank: DDP averaged the gradients) from rank 0.
+NONFINITE_LOSS_KEY = "forensics/nonfinite_loss"
+NONFINITE_GRAD_NORM_KEY = "forensics/nonfinite_grad_norm"
+
+
+def number_word(value: float) -> str:
+    """A value as a sentence names it: NaN, inf, -inf, or the number."""
+    if math.isnan(value):
+        return "NaN"
+    return ("inf" if value > 0 else "-inf") if math.isinf(value) else f"{value:g}"
+
+
+def nonfinite_sentence(step: int, ranks: list[int], loss: str, norm_step: int | None, norm: str) -> str:
+    """The trainer's log line and the run page's sentence: "loss became NaN at step 1,234 on rank 2 first (grad
+    norm inf one step earlier)"."""
+    where = f"rank {ranks[0]} first" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} at once"
+    if norm_step is None or norm_step > step:
+        after = "grad norm still finite"
+    elif norm_step == step:
+        after = f"grad norm {norm} at the same step"
+    else:
+        gap = step - norm_step
+        after = f"grad norm {norm} {'one step' if gap == 1 else f'{gap:,} steps'} earlier"
+    return f"loss became {loss} at step {step:,} on {where} ({after})"
+
+
+# Faults the tests inject into the built-in trainer, "KIND:rank=R:step=S" with KIND hang or nan (trainer/forensics.py:
+# Fault); never set by the dashboard.
 ENV_TEST_FAULT = "RANKBOARD_TEST_FAULT"
 
 

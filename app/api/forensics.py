@@ -11,7 +11,8 @@ from app.api.runs import trainer_token
 from app.deps import CallerDep, FoldersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, InvalidToken, RunNotActive, RunNotFound
 from app.params import RunId
-from app.schemas import DumpRequested, DumpsOut, RankDumpIn
+from app.schemas import DumpRequested, DumpsOut, FindingsOut, RankDumpIn
+from app.services import findings as found
 from app.services import forensics
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
@@ -28,6 +29,12 @@ def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> DumpReques
             summary="The newest dump of every rank, and the rank the others wait for")  # fmt: skip
 def latest_dump(run_id: RunId, db: SessionDep, folders: FoldersDep, settings: SettingsDep) -> DumpsOut:
     return forensics.run_dump(db, run_id=run_id, folders=folders, settings=settings)
+
+
+@router.get("/{run_id}/findings", response_model=FindingsOut, responses=documented(RunNotFound),
+            summary="What the ranks' reports say went wrong: the first non-finite loss, by step and rank")  # fmt: skip
+def findings(run_id: RunId, db: SessionDep) -> FindingsOut:
+    return found.run_findings(db, run_id=run_id)
 
 
 @router.post("/{run_id}/dumps/{request}", status_code=204,

@@ -287,6 +287,17 @@ def dumps(answer: Answer) -> None:
         assert latest is None
 
 
+NONFINITE = "loss became NaN at step 40 on rank 1 first (grad norm inf one step earlier)"
+
+
+def findings(answer: Answer) -> None:
+    found = answer.json()["nonfinite"]
+    if answer.seeded.state == "failed":
+        assert found == {"step": 40, "ranks": [1], "grad_norm_step": 39, "sentence": NONFINITE}
+    else:
+        assert found is None
+
+
 def dump_on_page(answer: Answer) -> None:
     """The run page's "Which rank, and why": its button while the run lives, the newest dump's verdict."""
     run = answer.seeded
@@ -296,6 +307,7 @@ def dump_on_page(answer: Answer) -> None:
         assert "<code>data.py:88 in __next__</code>" in answer.text
     elif run.state == "not progressing":
         assert "No rank has answered yet" in answer.text and "waiting for rank 0, 1" in answer.text
+    assert ("Loss became NaN at step 40 on rank 1 first" in answer.text) == (run.state == "failed")
 
 
 def api_health(answer: Answer) -> None:
@@ -432,6 +444,7 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/api/runs/{run_id}": api_run,
     "/api/runs/{run_id}/health": api_health,
     "/api/runs/{run_id}/dumps": dumps,
+    "/api/runs/{run_id}/findings": findings,
     "/api/runs/{run_id}/metrics": metric_keys,
     "/api/runs/{run_id}/metrics/{key}": series,
     "/api/runs/{run_id}/chart": chart,
