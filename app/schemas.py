@@ -546,6 +546,9 @@ class HealthOut(BaseModel):
     stalled: list[StalledRankOut]
     behind: list[int] = Field(description="Ranks whose last step is below the highest rank's.")
     gpu: GpuSpinOut | None = Field(description="The hung-collective signature, when that is what the GPUs show.")
+    stragglers: list[StragglerOut] = Field(
+        default_factory=list, description="Ranks still slow in data wait or compute against the others; see findings."
+    )
 
 
 class FrameIn(BaseModel):
@@ -621,10 +624,26 @@ class NonFiniteOut(BaseModel):
     sentence: str
 
 
+class StragglerOut(BaseModel):
+    """A rank whose data wait or compute stayed above the other ranks' over several reports."""
+
+    rank: int
+    host: str
+    part: Literal["data wait", "compute"]
+    ms: float = Field(description="Its mean time in that part, per step, over the episode.")
+    others_ms: float = Field(description="The other ranks' median over the same reports.")
+    since_step: int
+    since: datetime
+    until_step: int | None = Field(description="The report it caught up at; None while it is still slow.")
+    ongoing: bool
+    sentence: str
+
+
 class FindingsOut(BaseModel):
     """What the ranks' reports say went wrong, and where."""
 
     nonfinite: NonFiniteOut | None = Field(None, description="The first non-finite loss; None while all were finite.")
+    stragglers: list[StragglerOut] = Field(default_factory=list, description="Ongoing first, then past episodes.")
 
 
 class DumpsOut(BaseModel):

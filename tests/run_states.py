@@ -129,6 +129,9 @@ def _report(api: httpx.Client, run_id: int) -> None:
     points += [wire.Point("val_loss", step, 2.5 / step, 0, 1.7e9) for step in range(10, STEPS + 1, 10)]
     points += [wire.Point("rank/step_ms", step, 20.0 + rank, rank, 1.7e9) for step in range(1, STEPS + 1)
                for rank in (0, 1)]  # fmt: skip
+    # Rank 1 waits 15 ms a step for its data, rank 0 1 ms: a straggler from the first report on.
+    points += [wire.Point(key, step, value, rank, 1.7e9 + step) for step in range(1, STEPS + 1) for rank in (0, 1)
+               for key, value in (("rank/data_ms", 15.0 if rank else 1.0), ("rank/compute_ms", 6.0))]  # fmt: skip
     now = int(time.time())
     samples = {"util": 97.0, "mem_used": 30e9, "mem_total": 80e9, "temp": 61.0, "power": 520.0,
                "power_limit": 700.0, "sm_clock": 1980.0, "run_mem": 29e9}  # fmt: skip

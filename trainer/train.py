@@ -136,8 +136,8 @@ class RankTimes:
 
 
 # How often each rank's step times are gathered to rank 0: a collective, so not on every step.
-RANK_TIMES_EVERY = 20
-RANK_TIME_KEYS = ("rank/step_ms", "rank/data_ms", "rank/compute_ms")
+RANK_TIMES_EVERY = wire.RANK_TIMES_EVERY
+RANK_TIME_KEYS = wire.RANK_TIME_KEYS
 
 
 class Trainer:
@@ -317,6 +317,8 @@ class Trainer:
         while self.epoch_step < self.steps_per_epoch:
             started = time.perf_counter()
             micro_batches = [next(batches) for _ in range(self.config.grad_accum)]
+            if self.fault:
+                time.sleep(self.fault.data_delay_s(rank=self.cluster.rank, step=self.step + 1))  # a test's straggler
             fetched = time.perf_counter()
             loss, grad_norm = self._optimizer_step(micro_batches)
             self.step, self.epoch_step = self.step + 1, self.epoch_step + 1

@@ -312,6 +312,10 @@ FR_BUFFER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
 # NaN or infinite; the loss once per rank that had it (its value on that rank), the gradient norm (the same on every
 # rank: DDP averaged the gradients) from rank 0.
 NONFINITE_LOSS_KEY = "forensics/nonfinite_loss"
+# Each rank's mean step, data-wait and compute milliseconds per step, which the built-in trainer gathers to rank 0
+# every RANK_TIMES_EVERY steps and reports under each rank (a script may report them too): stragglers are read there.
+RANK_TIME_KEYS = ("rank/step_ms", "rank/data_ms", "rank/compute_ms")
+RANK_TIMES_EVERY = 20
 NONFINITE_GRAD_NORM_KEY = "forensics/nonfinite_grad_norm"
 
 
@@ -336,8 +340,8 @@ def nonfinite_sentence(step: int, ranks: list[int], loss: str, norm_step: int | 
     return f"loss became {loss} at step {step:,} on {where} ({after})"
 
 
-# Faults the tests inject into the built-in trainer, "KIND:rank=R:step=S" with KIND hang or nan (trainer/forensics.py:
-# Fault); never set by the dashboard.
+# Faults the tests inject into the built-in trainer, "KIND:rank=R:step=S[:ms=M]" with KIND hang, nan or slow_data
+# (trainer/forensics.py: Fault); never set by the dashboard.
 ENV_TEST_FAULT = "RANKBOARD_TEST_FAULT"
 
 

@@ -290,12 +290,17 @@ def dumps(answer: Answer) -> None:
 NONFINITE = "loss became NaN at step 40 on rank 1 first (grad norm inf one step earlier)"
 
 
+STRAGGLER = "rank 1 on node-a is slow in data wait: 15 ms a step against the others' 1 ms, since step 1 (still)"
+
+
 def findings(answer: Answer) -> None:
-    found = answer.json()["nonfinite"]
+    found = answer.json()
     if answer.seeded.state == "failed":
-        assert found == {"step": 40, "ranks": [1], "grad_norm_step": 39, "sentence": NONFINITE}
+        assert found["nonfinite"] == {"step": 40, "ranks": [1], "grad_norm_step": 39, "sentence": NONFINITE}
     else:
-        assert found is None
+        assert found["nonfinite"] is None
+    stragglers = [] if answer.seeded.state in UNSTARTED else [STRAGGLER]
+    assert [straggler["sentence"] for straggler in found["stragglers"]] == stragglers
 
 
 def dump_on_page(answer: Answer) -> None:
@@ -308,11 +313,14 @@ def dump_on_page(answer: Answer) -> None:
     elif run.state == "not progressing":
         assert "No rank has answered yet" in answer.text and "waiting for rank 0, 1" in answer.text
     assert ("Loss became NaN at step 40 on rank 1 first" in answer.text) == (run.state == "failed")
+    assert (str(escape(STRAGGLER)) in answer.text) == (run.state not in UNSTARTED)
 
 
 def api_health(answer: Answer) -> None:
     state = answer.json()["state"]
     assert state == ("not_progressing" if answer.seeded.state == "not progressing" else "ok")
+    slow = answer.seeded.status == RunStatus.running and answer.seeded.state not in UNSTARTED
+    assert [s["sentence"] for s in answer.json()["stragglers"]] == ([STRAGGLER] if slow else [])
 
 
 def metric_keys(answer: Answer) -> None:
