@@ -155,6 +155,10 @@ class RunCreate(BaseModel):
     )
     bucket_cap_mb: int = Field(default=25, ge=1, le=1024, description="DDP gradient bucket size, in MiB.")
     gradient_as_bucket_view: bool = Field(default=False, description="Gradients as views into DDP's buckets.")
+    fingerprint_every: int = Field(
+        default=100, ge=0, le=1_000_000_000, description="Compare a fingerprint of every rank's parameters every this "
+        "many steps (0: never); a rank whose replica diverged is named with the step. Built-in trainer only.",
+    )  # fmt: skip
     stop_on_nonfinite: bool = Field(
         default=False, description="Stop at the first NaN or infinite loss or gradient norm, checkpointing the last "
         "finite step; the run page names the step and the rank where it began either way.",
@@ -239,6 +243,7 @@ class RunOut(BaseModel):
     bucket_cap_mb: int
     gradient_as_bucket_view: bool
     stop_on_nonfinite: bool
+    fingerprint_every: int
     val_every: int
     checkpoint_unit: str
     max_restarts: int
@@ -639,11 +644,20 @@ class StragglerOut(BaseModel):
     sentence: str
 
 
+class DivergenceOut(BaseModel):
+    """The first fingerprint step at which some ranks' parameters differed from the others'."""
+
+    step: int
+    ranks: list[int]
+    sentence: str
+
+
 class FindingsOut(BaseModel):
     """What the ranks' reports say went wrong, and where."""
 
     nonfinite: NonFiniteOut | None = Field(None, description="The first non-finite loss; None while all were finite.")
     stragglers: list[StragglerOut] = Field(default_factory=list, description="Ongoing first, then past episodes.")
+    divergence: DivergenceOut | None = Field(None, description="Replicas that diverged; None while they agree.")
 
 
 class DumpsOut(BaseModel):

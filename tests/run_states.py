@@ -87,6 +87,8 @@ def seed_states(
             _report(api, run.id)
         if run.state == "failed":
             _nonfinite(api, run.id)
+        if run.state == "stopped":  # rank 1's replica drifted, seen at the fingerprint of step 40
+            _post(api, run.id, [wire.Point(wire.DIVERGENCE_KEY, STEPS, 1e-3, 1, 1.7e9)])
         if run.state not in WAITING:
             seeded[run.state] = _leave_files(run, shared)
     _settle(sessions, seeded)
@@ -169,6 +171,10 @@ def _nonfinite(api: httpx.Client, run_id: int) -> None:
     at step 40 (as the failed run's traceback says)."""
     points = [wire.Point(wire.NONFINITE_GRAD_NORM_KEY, STEPS - 1, math.inf, 0, 1.7e9),
               wire.Point(wire.NONFINITE_LOSS_KEY, STEPS, math.nan, 1, 1.7e9)]  # fmt: skip
+    _post(api, run_id, points)
+
+
+def _post(api: httpx.Client, run_id: int, points: list[wire.Point]) -> None:
     answer = api.post(f"/api/runs/{run_id}/metrics", json=wire.Batch(tuple(points)).to_json(),
                       headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
     assert answer.status_code == 200, answer.text

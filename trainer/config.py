@@ -88,6 +88,10 @@ class TrainConfig:
         default=True,
         metadata={"help": "continue exactly from the newest step-*.pt in checkpoint-dir, if there is one"},
     )
+    fingerprint_every: int = field(
+        default=100,
+        metadata={"help": "compare a fingerprint of every rank's parameters every this many steps, >= 0 (0: never)"},
+    )
     stop_on_nonfinite: bool = field(
         default=False,
         metadata={"help": "stop at the first NaN or infinite loss or gradient norm; checkpoints the last finite step"},
@@ -113,6 +117,7 @@ class TrainConfig:
         _check_choice("checkpoint_unit", self.checkpoint_unit, wire.CHECKPOINT_UNITS)
         _check_int("seed", self.seed, 0, math.inf)
         _check_int("pg_timeout_s", self.pg_timeout_s, 5, 86_400)
+        _check_int("fingerprint_every", self.fingerprint_every, 0, math.inf)
         for flag in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "resume",
                      "stop_on_nonfinite"):  # fmt: skip
             if not isinstance(getattr(self, flag), bool):

@@ -82,7 +82,8 @@ def _collective(entry: dict[str, Any]) -> wire.Collective:
 class Fault:
     """A fault the tests inject into the built-in trainer through wire.ENV_TEST_FAULT: `hang:rank=1:step=5` blocks
     rank 1 forever before the all-reduce of step 5; `nan:rank=1:step=5` makes its loss NaN there;
-    `slow_data:rank=1:step=5:ms=40` makes its data loading 40 ms slower from step 5 on."""
+    `slow_data:rank=1:step=5:ms=40` makes its data loading 40 ms slower from step 5 on; `perturb:rank=1:step=5`
+    changes one of its parameters after step 5 (its replica diverges)."""
 
     kind: str
     rank: int

@@ -178,6 +178,7 @@ class Trainer:
         self.model, self.optimizer, self.scheduler = self._build_model()
         self.fault = forensics.Fault.from_env()  # None but in tests
         self.nonfinite = watch.NonFiniteWatch(cluster.rank, cluster.say)
+        self.fingerprint = watch.ReplicaFingerprint(self.model, config.fingerprint_every, cluster.rank, cluster.say)
         self.skipped_update = False  # stop_on_nonfinite left the last step's non-finite gradients unapplied
 
     def _loader(self, dataset: Dataset[Any], sampler: DistributedSampler[int]) -> DataLoader[tuple[Tensor, ...]]:
@@ -327,6 +328,10 @@ class Trainer:
             stop = self._agree(loss, grad_norm)  # waits for the step's work: the times below include it
             self.times.add(fetched - started, time.perf_counter() - fetched)
             report.heartbeat(self.step)  # every rank's own: the dashboard sees which one stopped moving
+            if self.fault and self.fault.hits("perturb", rank=self.cluster.rank, step=self.step):
+                with torch.no_grad():
+                    next(self.model.parameters()).view(-1)[0] += 1e-3  # a test's replica that diverges
+            self.fingerprint.check(self.step)
             self._report()
             if self.config.val_every and self.step % self.config.val_every == 0:
                 self._validate()

@@ -56,3 +56,50 @@ class NonFiniteWatch:
             return f"gradient norm became {self.norm_word} at step {self.norm_step:,} (the loss still finite)"
         loss = wire.number_word(values[self.loss_ranks[0]][0]) if self.loss_ranks else "non-finite"
         return wire.nonfinite_sentence(self.loss_step, self.loss_ranks, loss, self.norm_step, self.norm_word)
+
+
+class ReplicaFingerprint:
+    """Every `every` steps, a float64 sum of a fixed sample of the parameters, all-gathered and compared: DDP keeps
+    the replicas bitwise equal only while every rank applies the same update, so any difference is a bug (a
+    rank-dependent branch, a missed broadcast, a non-deterministic kernel). The first step a rank differs is
+    reported (wire.DIVERGENCE_KEY), once."""
+
+    SAMPLE = 64  # values of each parameter tensor, evenly spaced
+
+    def __init__(self, model: torch.nn.Module, every: int, rank: int, say: Callable[[str], None]) -> None:
+        self.every, self.rank, self.say = every, rank, say
+        self.parameters = [p for p in model.parameters() if p.numel()]
+        self.strides = [max(1, p.numel() // self.SAMPLE) for p in self.parameters]
+        self.seen_at: int | None = None
+
+    def check(self, step: int) -> None:
+        """At a fingerprint step, compare the ranks' fingerprints; a collective, so every rank calls it alike."""
+        if not self.every or step % self.every or self.seen_at is not None:
+            return
+        with torch.no_grad():
+            mine = sum(
+                (p.detach().reshape(-1)[::stride][: self.SAMPLE].double().sum() for p, stride in
+                 zip(self.parameters, self.strides, strict=True)),
+                torch.zeros((), dtype=torch.float64, device=self.parameters[0].device),
+            ).reshape(1)  # fmt: skip
+        gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, mine)
+        prints = [float(value.item()) for value in gathered]
+        odd = diverged(prints)
+        if not odd:
+            return
+        self.seen_at = step
+        if self.rank == 0:
+            reference = prints[next(r for r in range(len(prints)) if r not in odd)]
+            for rank in odd:
+                report.log({wire.DIVERGENCE_KEY: prints[rank] - reference}, step=step, rank=rank)
+            self.say(wire.divergence_sentence(step, odd))
+
+
+def diverged(prints: list[float]) -> list[int]:
+    """The ranks whose fingerprint is not the most common one (ties: rank 0's group is the reference)."""
+    groups: dict[float, list[int]] = {}
+    for rank, value in enumerate(prints):
+        groups.setdefault(value, []).append(rank)
+    reference = max(groups.values(), key=lambda ranks: (len(ranks), 0 in ranks))
+    return [rank for rank in range(len(prints)) if rank not in reference]

@@ -312,6 +312,17 @@ FR_BUFFER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
 # NaN or infinite; the loss once per rank that had it (its value on that rank), the gradient norm (the same on every
 # rank: DDP averaged the gradients) from rank 0.
 NONFINITE_LOSS_KEY = "forensics/nonfinite_loss"
+# The first fingerprint step at which a rank's parameters differed from the others' (trainer/watch.py), one point per
+# rank that differed, its value the difference of its fingerprint from the reference ranks'.
+DIVERGENCE_KEY = "forensics/divergence"
+
+
+def divergence_sentence(step: int, ranks: list[int]) -> str:
+    """ "rank 1's parameters differ from the other ranks' at step 200 (first seen)"."""
+    which = f"rank {ranks[0]}'s" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}'"
+    return f"{which} parameters differ from the other ranks' at step {step:,} (first seen; replicas diverged)"
+
+
 # Each rank's mean step, data-wait and compute milliseconds per step, which the built-in trainer gathers to rank 0
 # every RANK_TIMES_EVERY steps and reports under each rank (a script may report them too): stragglers are read there.
 RANK_TIME_KEYS = ("rank/step_ms", "rank/data_ms", "rank/compute_ms")
@@ -340,8 +351,8 @@ def nonfinite_sentence(step: int, ranks: list[int], loss: str, norm_step: int | 
     return f"loss became {loss} at step {step:,} on {where} ({after})"
 
 
-# Faults the tests inject into the built-in trainer, "KIND:rank=R:step=S[:ms=M]" with KIND hang, nan or slow_data
-# (trainer/forensics.py: Fault); never set by the dashboard.
+# Faults the tests inject into the built-in trainer, "KIND:rank=R:step=S[:ms=M]" with KIND hang, nan, slow_data or
+# perturb (trainer/forensics.py: Fault); never set by the dashboard.
 ENV_TEST_FAULT = "RANKBOARD_TEST_FAULT"
 
 

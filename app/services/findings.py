@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, object_session
 
 from app.errors import RunNotFound
 from app.models import Run
-from app.schemas import FindingsOut, NonFiniteOut, StragglerOut
+from app.schemas import DivergenceOut, FindingsOut, NonFiniteOut, StragglerOut
 from app.store import findings as findings_store
 from app.store import metrics as metric_store
 from app.store import ranks as rank_store
@@ -49,7 +49,17 @@ def run_findings(db: Session, *, run_id: int) -> FindingsOut:
 
 def findings(db: Session, *, run: Run) -> FindingsOut:
     """Everything found about the run's ranks so far."""
-    return FindingsOut(nonfinite=nonfinite(db, run=run), stragglers=stragglers(db, run=run))
+    return FindingsOut(nonfinite=nonfinite(db, run=run), stragglers=stragglers(db, run=run),
+                       divergence=divergence(db, run=run))  # fmt: skip
+
+
+def divergence(db: Session, *, run: Run) -> DivergenceOut | None:
+    """The first fingerprint step at which some ranks' replicas differed, naming them; None while they agree."""
+    points = _first_step(db, run=run, key=wire.DIVERGENCE_KEY)
+    if not points:
+        return None
+    ranks = [point.rank for point in points]
+    return DivergenceOut(step=points[0].step, ranks=ranks, sentence=wire.divergence_sentence(points[0].step, ranks))
 
 
 def stragglers(db: Session, *, run: Run) -> list[StragglerOut]:
@@ -121,7 +131,7 @@ def _episode(
 def loaded_run_findings(run: Run) -> FindingsOut:
     """`findings` for a run still attached to the session that loaded it (a page's)."""
     db = object_session(run)
-    return FindingsOut(nonfinite=None, stragglers=[]) if db is None else findings(db, run=run)
+    return FindingsOut(nonfinite=None, stragglers=[], divergence=None) if db is None else findings(db, run=run)
 
 
 def nonfinite(db: Session, *, run: Run) -> NonFiniteOut | None:

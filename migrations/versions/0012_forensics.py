@@ -1,5 +1,5 @@
 """forensics: the run's newest "dump every rank" request, which the ingest reply hands to the ranks; the trainer
-option to stop at the first non-finite loss
+options to stop at the first non-finite loss and to compare the replicas' fingerprints
 
 Revision ID: 0012_forensics
 Revises: 0010
@@ -21,10 +21,12 @@ def upgrade() -> None:
         batch.add_column(sa.Column("dump_request", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("dump_requested_at", sa.DateTime(), nullable=True))
         batch.add_column(sa.Column("stop_on_nonfinite", sa.Boolean(), nullable=False, server_default=sa.false()))
+        batch.add_column(sa.Column("fingerprint_every", sa.Integer(), nullable=False, server_default="100"))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("runs") as batch:
+        batch.drop_column("fingerprint_every")
         batch.drop_column("stop_on_nonfinite")
         batch.drop_column("dump_requested_at")
         batch.drop_column("dump_request")

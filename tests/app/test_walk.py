@@ -287,6 +287,7 @@ def dumps(answer: Answer) -> None:
         assert latest is None
 
 
+DIVERGED = "rank 1's parameters differ from the other ranks' at step 40 (first seen; replicas diverged)"
 NONFINITE = "loss became NaN at step 40 on rank 1 first (grad norm inf one step earlier)"
 
 
@@ -299,6 +300,8 @@ def findings(answer: Answer) -> None:
         assert found["nonfinite"] == {"step": 40, "ranks": [1], "grad_norm_step": 39, "sentence": NONFINITE}
     else:
         assert found["nonfinite"] is None
+    diverged = {"step": 40, "ranks": [1], "sentence": DIVERGED} if answer.seeded.state == "stopped" else None
+    assert found["divergence"] == diverged
     stragglers = [] if answer.seeded.state in UNSTARTED else [STRAGGLER]
     assert [straggler["sentence"] for straggler in found["stragglers"]] == stragglers
 
@@ -314,6 +317,9 @@ def dump_on_page(answer: Answer) -> None:
         assert "No rank has answered yet" in answer.text and "waiting for rank 0, 1" in answer.text
     assert ("Loss became NaN at step 40 on rank 1 first" in answer.text) == (run.state == "failed")
     assert (str(escape(STRAGGLER)) in answer.text) == (run.state not in UNSTARTED)
+    assert ("Rank 1&#39;s parameters differ from the other ranks&#39; at step 40" in answer.text) == (
+        run.state == "stopped"
+    )
 
 
 def api_health(answer: Answer) -> None:

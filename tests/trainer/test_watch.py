@@ -43,3 +43,16 @@ def test_with_stop_on_nonfinite_the_last_checkpoint_holds_only_finite_weights(na
     assert sidecar(saved[-1]).reason == "stop" and all(
         value == value for value in sidecar(saved[-1]).metrics.values()
     )  # no NaN among its metrics either
+
+
+def test_a_replica_perturbed_once_is_named_at_the_next_fingerprint_step(tmp_path: Path) -> None:
+    command = torchrun_command(
+        tmp_path, "--epochs", "1", "--batch-size", "512", "--fingerprint-every", "25",
+        "--checkpoint-dir", str(tmp_path / "checkpoints"),
+    )  # fmt: skip
+    env = {**outside_dashboard_env(), wire.ENV_TEST_FAULT: "perturb:rank=1:step=30"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = rank_log(tmp_path, 0)
+    assert "rank 1's parameters differ from the other ranks' at step 50 (first seen" in log, log
+    assert log.count("differ from") == 1  # not at step 25, before the perturbation; once, not at every check after
