@@ -169,6 +169,7 @@ class Run(Base):
     dump_request: Mapped[int | None] = mapped_column(Integer)
     stop_on_nonfinite: Mapped[bool] = mapped_column(default=False)
     fingerprint_every: Mapped[int] = mapped_column(Integer, default=100)
+    desync_checks: Mapped[bool] = mapped_column(default=False)  # TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks' env
     dump_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # Each node's inventory as its GPU sampler reported it (wire.Node), one per host, replaced when it reports again:
     # [{"host": "node-1", "gpus": [{"index": 0, "uuid": "GPU-...", "name": "..."}], "nvml_error": None}, ...].

@@ -162,6 +162,17 @@ def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> Response:
     return RedirectResponse(f"/runs/{run_id}#dump", status_code=303)
 
 
+@router.post("/runs/{run_id}/desync")
+def rerun_with_desync_checks(
+    run_id: RunId, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep,
+    caller: CallerDep,
+) -> Response:  # fmt: skip
+    """ "Re-run with desync checks": a copy of the run that names the rank a collective waits for, then its page."""
+    run = dumps.rerun_with_desync_checks(db, run_id=run_id, settings=settings, folders=folders, launchers=launchers,
+                                         actor=caller.name)  # fmt: skip
+    return RedirectResponse(f"/runs/{run.id}", status_code=303)
+
+
 @router.post("/runs/{run_id}/resume")
 def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> Response:
     runs.resume_run(db, run_id=run_id, folders=folders, actor=caller.name)

@@ -159,6 +159,10 @@ class RunCreate(BaseModel):
         default=100, ge=0, le=1_000_000_000, description="Compare a fingerprint of every rank's parameters every this "
         "many steps (0: never); a rank whose replica diverged is named with the step. Built-in trainer only.",
     )  # fmt: skip
+    desync_checks: bool = Field(
+        default=False, description="TORCH_DISTRIBUTED_DEBUG=DETAIL: a monitored barrier before every collective names "
+        "the rank that does not reach it. Costs a collective per collective: for a re-run of a hung run.",
+    )  # fmt: skip
     stop_on_nonfinite: bool = Field(
         default=False, description="Stop at the first NaN or infinite loss or gradient norm, checkpointing the last "
         "finite step; the run page names the step and the rank where it began either way.",
@@ -244,6 +248,7 @@ class RunOut(BaseModel):
     gradient_as_bucket_view: bool
     stop_on_nonfinite: bool
     fingerprint_every: int
+    desync_checks: bool
     val_every: int
     checkpoint_unit: str
     max_restarts: int

@@ -180,6 +180,14 @@ class Trainer:
         self.nonfinite = watch.NonFiniteWatch(cluster.rank, cluster.say)
         self.fingerprint = watch.ReplicaFingerprint(self.model, config.fingerprint_every, cluster.rank, cluster.say)
         self.skipped_update = False  # stop_on_nonfinite left the last step's non-finite gradients unapplied
+        self.desync_group = self._desync_group()
+
+    def _desync_group(self) -> dist.ProcessGroup | None:
+        """Where desync checks run their monitored barrier (gloo has it, NCCL not): the default group (None) on CPU,
+        a gloo group beside NCCL's."""
+        if not self.config.desync_checks or dist.get_backend() == "gloo":
+            return None
+        return dist.new_group(backend="gloo")
 
     def _loader(self, dataset: Dataset[Any], sampler: DistributedSampler[int]) -> DataLoader[tuple[Tensor, ...]]:
         # In-memory tensors: worker processes would only add start-up time and copies.
@@ -325,6 +333,8 @@ class Trainer:
             self.step, self.epoch_step = self.step + 1, self.epoch_step + 1
             if self.fault and self.fault.hits("hang", rank=self.cluster.rank, step=self.step):
                 forensics.hang_forever()  # a test's rank that never reaches the step's all_reduce
+            if self.config.desync_checks:  # raises "Rank 1 failed to pass monitoredBarrier", naming it
+                dist.monitored_barrier(self.desync_group, timeout=timedelta(seconds=self.config.pg_timeout_s))
             stop = self._agree(loss, grad_norm)  # waits for the step's work: the times below include it
             self.times.add(fetched - started, time.perf_counter() - fetched)
             report.heartbeat(self.step)  # every rank's own: the dashboard sees which one stopped moving

@@ -8,10 +8,11 @@ from fastapi import APIRouter, Depends, Path
 
 from app.api import UNREADABLE_BODY, documented
 from app.api.runs import trainer_token
-from app.deps import CallerDep, FoldersDep, SessionDep, SettingsDep
+from app.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
 from app.errors import FieldInvalid, InvalidToken, RunNotActive, RunNotFound
+from app.models import Run
 from app.params import RunId
-from app.schemas import DumpRequested, DumpsOut, FindingsOut, RankDumpIn
+from app.schemas import DumpRequested, DumpsOut, FindingsOut, RankDumpIn, RunDetail
 from app.services import findings as found
 from app.services import forensics
 
@@ -29,6 +30,17 @@ def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> DumpReques
             summary="The newest dump of every rank, and the rank the others wait for")  # fmt: skip
 def latest_dump(run_id: RunId, db: SessionDep, folders: FoldersDep, settings: SettingsDep) -> DumpsOut:
     return forensics.run_dump(db, run_id=run_id, folders=folders, settings=settings)
+
+
+@router.post("/{run_id}/desync", status_code=201, response_model=RunDetail,
+             responses=documented(RunNotFound, FieldInvalid),
+             summary="Start a copy of the run with TORCH_DISTRIBUTED_DEBUG=DETAIL and a short timeout")  # fmt: skip
+def rerun_with_desync_checks(
+    run_id: RunId, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep,
+    caller: CallerDep,
+) -> Run:  # fmt: skip
+    return forensics.rerun_with_desync_checks(db, run_id=run_id, settings=settings, folders=folders,
+                                              launchers=launchers, actor=caller.name)  # fmt: skip
 
 
 @router.get("/{run_id}/findings", response_model=FindingsOut, responses=documented(RunNotFound),

@@ -21,8 +21,9 @@ from sqlalchemy.orm import Session
 
 from app.errors import FieldInvalid, InvalidToken, RunNotActive
 from app.folders import RunFolders
+from app.launcher.launchers import Launchers
 from app.models import Run, RunStatus
-from app.schemas import DumpOut, DumpsOut, RankDumpIn, RankStateOut
+from app.schemas import DumpOut, DumpsOut, RankDumpIn, RankStateOut, RunCreate
 from app.services import dump_requests, runs
 from app.settings import Settings
 from app.store import audit
@@ -31,6 +32,7 @@ DUMPS = "dumps"
 LIVE = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
 LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
 TOP_FRAMES = 4
+DESYNC_TIMEOUT_S = 30  # a re-run with desync checks fails this soon at a hang, naming the rank
 
 
 def request_dump(db: Session, *, run_id: int, actor: str) -> int:
@@ -42,6 +44,20 @@ def request_dump(db: Session, *, run_id: int, actor: str) -> int:
         request = dump_requests.ask(run)
         audit.record(db, actor=actor, action="dump requested", run_id=run.id, detail=f"request {request}")
     return request
+
+
+def rerun_with_desync_checks(
+    db: Session, *, run_id: int, settings: Settings, folders: RunFolders, launchers: Launchers, actor: str
+) -> Run:
+    """A new run with the options of this one, TORCH_DISTRIBUTED_DEBUG=DETAIL and a short process-group timeout: its
+    failure explanation names the rank that does not reach a collective."""
+    with db.begin():  # create_run opens its own transaction: this read's ends first
+        run = runs.get_run(db, run_id=run_id)
+        options = {name: getattr(run, name) for name in RunCreate.model_fields if hasattr(run, name)}
+        name = f"{run.name} (desync checks)"[-100:]
+        timeout = min(run.pg_timeout_s, DESYNC_TIMEOUT_S)
+    spec = RunCreate.model_validate({**options, "name": name, "desync_checks": True, "pg_timeout_s": timeout})
+    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=actor)
 
 
 def receive_dump(db: Session, *, run_id: int, token: str, request: int, dump: RankDumpIn, folders: RunFolders) -> None:

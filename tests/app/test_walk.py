@@ -310,6 +310,8 @@ def dump_on_page(answer: Answer) -> None:
     """The run page's "Which rank, and why": its button while the run lives, the newest dump's verdict."""
     run = answer.seeded
     assert ('id="dump-button"' in answer.text) == (run.status.value in ("starting", "running", "stopping"))
+    desync = run.state in ("failed", "lost", "stopped", "not progressing")  # ended badly or hung: re-run to name it
+    assert ('id="desync-button"' in answer.text) == desync
     if run.state == "running":
         assert str(escape(RUNNING_VERDICT)) in answer.text and 'data-culprits="1"' in answer.text
         assert "<code>data.py:88 in __next__</code>" in answer.text

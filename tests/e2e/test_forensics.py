@@ -59,8 +59,19 @@ def assert_rank_1_named(api: httpx.Client, run_id: int, stack_line: str) -> None
 
 def test_the_built_in_trainer_hung_by_one_rank_is_dumped_and_that_rank_named(server: LiveServer) -> None:
     with server.api() as api:
-        run = create(api, workload="mlp", epochs=1, batch_size=32)
+        run = create(api, workload="mlp", epochs=1, batch_size=32, pg_timeout_s=10)
         assert_rank_1_named(api, run["id"], "forensics.py")  # rank 1 waits in hang_forever, outside any collective
+        # Re-run with desync checks: the copy hangs the same way, and its failure explanation names rank 1.
+        page = api.get(f"/runs/{run['id']}").text
+        assert 'id="desync-button"' in page
+        copy = api.post(f"/api/runs/{run['id']}/desync")
+        assert copy.status_code == 201, copy.text
+        assert (copy.json()["desync_checks"], copy.json()["pg_timeout_s"]) == (True, 10)
+        done = wait_status(api, copy.json()["id"], FINAL, timeout=120)
+        found = api.get(f"/api/runs/{copy.json()['id']}/diagnoses").json()
+    assert done["status"] == "failed", done["status_reason"]
+    desync = next((d for d in found if d["kind"] == "desync"), None)
+    assert desync is not None and "Rank 1 failed to pass monitoredBarrier" in desync["line"], found
 
 
 def test_a_user_script_hung_by_one_rank_is_dumped_through_the_client_alone(server: LiveServer) -> None:
