@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainer import wire
+from . import wire
 
 
 def take_dump(request: int, *, rank: int, host: str) -> wire.RankDump:

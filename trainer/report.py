@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from trainer import forensics, wire
+from . import forensics, wire
 
 _REQUEST_TIMEOUT_S = 5.0
 _RETRY_FIRST_S = 1.0

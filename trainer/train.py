@@ -408,7 +408,7 @@ class Trainer:
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
         loss_sum, norm_sum, stop_votes = packed.tolist()
         # A NaN or infinity on any rank makes these sums non-finite on every rank: they all see it here, together.
-        local = torch.stack([loss.float(), grad_norm.float()])
+        local = lambda: torch.stack([loss.float(), grad_norm.float()])  # noqa: E731 - made only when one is not finite
         if self.nonfinite.check(self.step, loss_sum, norm_sum, local) and self.config.stop_on_nonfinite:
             self._halt_nonfinite()
             return True

@@ -26,15 +26,16 @@ class NonFiniteWatch:
         self.loss_ranks: list[int] = []
         self.norm_word = ""
 
-    def check(self, step: int, loss_sum: float, norm_sum: float, local: torch.Tensor) -> bool:
+    def check(self, step: int, loss_sum: float, norm_sum: float, local: Callable[[], torch.Tensor]) -> bool:
         """Look at this step's summed loss and norm; `local` is this rank's [loss, norm]. True when this step is the
         first that has a non-finite value of either (every rank returns the same)."""
         new_loss = self.loss_step is None and not math.isfinite(loss_sum)
         new_norm = self.norm_step is None and not math.isfinite(norm_sum)
         if not (new_loss or new_norm):
             return False
-        gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, local)  # every rank is here: the sums told all of them alike
+        mine = local()
+        gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, mine)  # every rank is here: the sums told all of them alike
         values = [pair.tolist() for pair in gathered]
         if new_norm:
             self.norm_step, self.norm_word = step, wire.number_word(values[0][1])
