@@ -94,6 +94,14 @@ PATTERNS = [
         "Reduce the batch size, enable mixed precision, and check that each rank uses the GPU of its LOCAL_RANK.",
     ),
     Pattern(
+        "desync", "A rank never reached the collective (desync check)",
+        re.compile(r"Ranks? [\d, ]+ failed to pass monitoredBarrier"),
+        "With TORCH_DISTRIBUTED_DEBUG=DETAIL every collective is preceded by a monitored barrier: the ranks this line "
+        "names did not reach it in time while the others did. They hang, or took another path through the code.",
+        "Read the named ranks' logs and the run's dump (\"Which rank, and why\"): where their stacks stand is where "
+        "they stopped; a collective called on some ranks only (inside an if on the rank) is the usual cause.",
+    ),
+    Pattern(
         "nccl_timeout", "NCCL timeout",
         re.compile(r"Watchdog caught collective operation timeout|NCCL operations have failed or timed out|"
                    r"ProcessGroupNCCL's watchdog got stuck|Timeout at NCCL work"),

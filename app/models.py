@@ -173,6 +173,13 @@ class Run(Base):
     trainer_finished: Mapped[bool] = mapped_column(default=False)
     final_loss: Mapped[float | None] = mapped_column(Float)
     restarts: Mapped[int] = mapped_column(Integer, default=0)  # torchrun restarts of the workers seen so far
+    # The newest "dump every rank" request (app/services/forensics.py): its number, counted per run, and when; the
+    # ingest reply names it to the ranks while it is fresh.
+    dump_request: Mapped[int | None] = mapped_column(Integer)
+    stop_on_nonfinite: Mapped[bool] = mapped_column(default=False)
+    fingerprint_every: Mapped[int] = mapped_column(Integer, default=100)
+    desync_checks: Mapped[bool] = mapped_column(default=False)  # TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks' env
+    dump_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # Each node's inventory as its GPU sampler reported it (wire.Node), one per host, replaced when it reports again:
     # [{"host": "node-1", "gpus": [{"index": 0, "uuid": "GPU-...", "name": "..."}], "nvml_error": None}, ...].
     gpus: Mapped[list[dict[str, object]] | None] = mapped_column(JSON)

@@ -33,6 +33,8 @@ from app.params import (
 )
 from app.schemas import RunCreate
 from app.services import alerts, checkpoints, files, health, host, metrics, run_charts, run_records, runs, storage
+from app.services import findings as found
+from app.services import forensics as dumps
 from app.settings import Settings
 from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
@@ -183,6 +185,24 @@ def stop_run(
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
+@router.post("/runs/{run_id}/dumps")
+def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> Response:
+    """The run page's "Dump all ranks": the answers appear in its live status within seconds."""
+    dumps.request_dump(db, run_id=run_id, actor=caller.name)
+    return RedirectResponse(f"/runs/{run_id}#dump", status_code=303)
+
+
+@router.post("/runs/{run_id}/desync")
+def rerun_with_desync_checks(
+    run_id: RunId, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep,
+    caller: CallerDep,
+) -> Response:  # fmt: skip
+    """ "Re-run with desync checks": a copy of the run that names the rank a collective waits for, then its page."""
+    run = dumps.rerun_with_desync_checks(db, run_id=run_id, settings=settings, folders=folders, launchers=launchers,
+                                         actor=caller.name)  # fmt: skip
+    return RedirectResponse(f"/runs/{run.id}", status_code=303)
+
+
 @router.post("/runs/{run_id}/resume")
 def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> Response:
     runs.resume_run(db, run_id=run_id, folders=folders, actor=caller.name)
@@ -294,6 +314,8 @@ def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, 
         "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, folders=folders),
         "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
+        "dump": dumps.latest_dump(run, folders=folders, world_size=runs.world_size(run, settings)),
+        "findings": found.loaded_run_findings(run),
     }  # fmt: skip
 
 

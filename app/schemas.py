@@ -165,6 +165,18 @@ class RunCreate(BaseModel):
     )
     bucket_cap_mb: int = Field(default=25, ge=1, le=1024, description="DDP gradient bucket size, in MiB.")
     gradient_as_bucket_view: bool = Field(default=False, description="Gradients as views into DDP's buckets.")
+    fingerprint_every: int = Field(
+        default=100, ge=0, le=1_000_000_000, description="Compare a fingerprint of every rank's parameters every this "
+        "many steps (0: never); a rank whose replica diverged is named with the step. Built-in trainer only.",
+    )  # fmt: skip
+    desync_checks: bool = Field(
+        default=False, description="TORCH_DISTRIBUTED_DEBUG=DETAIL: a monitored barrier before every collective names "
+        "the rank that does not reach it. Costs a collective per collective: for a re-run of a hung run.",
+    )  # fmt: skip
+    stop_on_nonfinite: bool = Field(
+        default=False, description="Stop at the first NaN or infinite loss or gradient norm, checkpointing the last "
+        "finite step; the run page names the step and the rank where it began either way.",
+    )  # fmt: skip
     nccl_env: Annotated[dict[str, str], AfterValidator(_nccl_env)] = Field(
         default_factory=dict, max_length=len(wire.NCCL_ENV), description="NCCL variables, e.g. NCCL_DEBUG=INFO."
     )
@@ -244,6 +256,9 @@ class RunOut(BaseModel):
     find_unused_parameters: bool
     bucket_cap_mb: int
     gradient_as_bucket_view: bool
+    stop_on_nonfinite: bool
+    fingerprint_every: int
+    desync_checks: bool
     val_every: int
     checkpoint_unit: str
     max_restarts: int
@@ -477,6 +492,7 @@ class IngestResult(BaseModel):
     accepted: int = Field(description="Points in the batch.")
     stored: int = Field(description="Points that were new; the rest were already stored (a retry).")
     stop: bool = Field(default=False, description="A run launched elsewhere was asked to stop (report.stop_requested).")
+    dump: int | None = Field(None, description="A dump request each rank should answer once; absent when none.")
 
 
 class PointOut(BaseModel):
@@ -674,6 +690,117 @@ class HealthOut(BaseModel):
     stalled: list[StalledRankOut]
     behind: list[int] = Field(description="Ranks whose last step is below the highest rank's.")
     gpu: GpuSpinOut | None = Field(description="The hung-collective signature, when that is what the GPUs show.")
+    stragglers: list[StragglerOut] = Field(
+        default_factory=list, description="Ranks still slow in data wait or compute against the others; see findings."
+    )
+
+
+class FrameIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: str = Field(max_length=1000)
+    line: int = Field(ge=0)
+    function: str = Field(max_length=1000)
+
+
+class CollectiveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int = Field(ge=0)
+    name: str = Field(max_length=200)
+    sizes: str = Field(max_length=1000)
+
+
+class RankDumpIn(BaseModel):
+    """One rank's answer to a dump request; see `trainer.wire.RankDump`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    request: int = Field(ge=1)
+    rank: int = Field(ge=0, le=wire.MAX_RANK)
+    host: str = Field(max_length=wire.MAX_HOST_LENGTH)
+    pid: int = Field(ge=0)
+    taken_at: float
+    stack: list[FrameIn] = Field(max_length=wire.MAX_DUMP_FRAMES)
+    threads: str = Field(max_length=wire.MAX_DUMP_BYTES)
+    collectives: list[CollectiveIn] = Field(default_factory=list, max_length=wire.MAX_DUMP_COLLECTIVES)
+    recorder_error: str | None = Field(None, max_length=1000)
+
+
+class DumpRequested(BaseModel):
+    request: int = Field(description="The request's number; GET .../dumps shows the ranks' answers.")
+
+
+class RankStateOut(BaseModel):
+    """One rank as its dump shows it."""
+
+    rank: int
+    host: str
+    pid: int
+    taken_at: float
+    collective: str | None = Field(description="The collective its main thread is inside (all_reduce), or None.")
+    last_seq: int | None = Field(description="Its flight recorder's newest collective sequence number.")
+    last_collective: str | None
+    where: str = Field(description="Its innermost frame in the script's own code: file:line in function.")
+    top: list[str] = Field(description="Its main thread's innermost frames, most recent first.")
+    threads: str = Field(description="Every thread's stack, as faulthandler prints it.")
+    recorder_error: str | None
+
+
+class DumpOut(BaseModel):
+    """The newest dump of a run's ranks, and who it points at."""
+
+    request: int
+    requested_at: datetime | None
+    expected: int = Field(description="How many ranks the run has.")
+    ranks: list[RankStateOut]
+    missing: list[int] = Field(description="Ranks that have not answered.")
+    culprits: list[int] = Field(description="The ranks the others wait for.")
+    verdict: str = Field(description="The sentence a person reads.")
+
+
+class NonFiniteOut(BaseModel):
+    """Where the loss first became NaN or infinite."""
+
+    step: int | None = Field(description="The first step with a non-finite loss; None if only the norm was.")
+    ranks: list[int] = Field(description="The ranks whose own loss was non-finite at that step.")
+    grad_norm_step: int | None = Field(description="The first step with a non-finite gradient norm.")
+    sentence: str
+
+
+class StragglerOut(BaseModel):
+    """A rank whose data wait or compute stayed above the other ranks' over several reports."""
+
+    rank: int
+    host: str
+    part: Literal["data wait", "compute"]
+    ms: float = Field(description="Its mean time in that part, per step, over the episode.")
+    others_ms: float = Field(description="The other ranks' median over the same reports.")
+    since_step: int
+    since: datetime
+    until_step: int | None = Field(description="The report it caught up at; None while it is still slow.")
+    ongoing: bool
+    sentence: str
+
+
+class DivergenceOut(BaseModel):
+    """The first fingerprint step at which some ranks' parameters differed from the others'."""
+
+    step: int
+    ranks: list[int]
+    sentence: str
+
+
+class FindingsOut(BaseModel):
+    """What the ranks' reports say went wrong, and where."""
+
+    nonfinite: NonFiniteOut | None = Field(None, description="The first non-finite loss; None while all were finite.")
+    stragglers: list[StragglerOut] = Field(default_factory=list, description="Ongoing first, then past episodes.")
+    divergence: DivergenceOut | None = Field(None, description="Replicas that diverged; None while they agree.")
+
+
+class DumpsOut(BaseModel):
+    latest: DumpOut | None = Field(description="The newest request's answers; None before any request.")
 
 
 class AlertDeliveryOut(BaseModel):

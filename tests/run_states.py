@@ -11,6 +11,7 @@ signals anything; they hold every process slot, so the queued runs wait.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -86,11 +87,17 @@ def seed_states(
     for run in seeded.values():
         if run.state not in UNSTARTED:
             _report(api, run.id)
+        if run.state == "failed":
+            _nonfinite(api, run.id)
+        if run.state == "stopped":  # rank 1's replica drifted, seen at the fingerprint of step 40
+            _post(api, run.id, [wire.Point(wire.DIVERGENCE_KEY, STEPS, 1e-3, 1, 1.7e9)])
         if run.state not in WAITING:
             seeded[run.state] = _leave_files(run, shared)
     if ELSEWHERE in states:
         seeded[ELSEWHERE] = _join_elsewhere(api)
     _settle(sessions, seeded)
+    if "running" in seeded:
+        _dump(api, seeded["running"].id)
     if "resumed" in seeded:
         assert api.post(f"/api/runs/{seeded['resumed'].id}/resume").status_code == 202
     return seeded
@@ -138,6 +145,9 @@ def _report(api: httpx.Client, run_id: int, token: str = TOKEN) -> None:
     points += [wire.Point("val_loss", step, 2.5 / step, 0, 1.7e9) for step in range(10, STEPS + 1, 10)]
     points += [wire.Point("rank/step_ms", step, 20.0 + rank, rank, 1.7e9) for step in range(1, STEPS + 1)
                for rank in (0, 1)]  # fmt: skip
+    # Rank 1 waits 15 ms a step for its data, rank 0 1 ms: a straggler from the first report on.
+    points += [wire.Point(key, step, value, rank, 1.7e9 + step) for step in range(1, STEPS + 1) for rank in (0, 1)
+               for key, value in (("rank/data_ms", 15.0 if rank else 1.0), ("rank/compute_ms", 6.0))]  # fmt: skip
     now = int(time.time())
     samples = {"util": 97.0, "mem_used": 30e9, "mem_total": 80e9, "temp": 61.0, "power": 520.0,
                "power_limit": 700.0, "sm_clock": 1980.0, "run_mem": 29e9}  # fmt: skip
@@ -151,6 +161,37 @@ def _report(api: httpx.Client, run_id: int, token: str = TOKEN) -> None:
         answer = api.post(f"/api/runs/{run_id}/metrics", json=batch.to_json(),
                           headers={"Authorization": f"Bearer {token}"})  # fmt: skip
         assert answer.status_code == 200, answer.text
+
+
+def _dump(api: httpx.Client, run_id: int) -> None:
+    """A dump asked for and answered by both ranks, as their clients answer it: rank 1 stuck in its data loading,
+    one all_reduce behind rank 0, which waits in it."""
+    request = api.post(f"/api/runs/{run_id}/dumps").json()["request"]
+    torch_c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    train = wire.Frame("/shared/train.py", 80, "train")
+    loading = wire.Frame("/shared/data.py", 88, "__next__")
+    stacks = {0: (wire.Frame(torch_c10d, 3252, "all_reduce"), train), 1: (loading, train)}
+    for rank, stack in stacks.items():
+        collectives = tuple(wire.Collective(seq, "gloo:all_reduce", "[[3]]") for seq in range(1, 7 - rank))
+        dump = wire.RankDump(request, rank, HOST, 4200 + rank, 1.7e9, stack, "Thread 0x00007f (most recent call "
+                             "first):\n  File ...", collectives)  # fmt: skip
+        answer = api.post(f"/api/runs/{run_id}/dumps/{request}", json=dump.to_json(),
+                          headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+        assert answer.status_code == 204, answer.text
+
+
+def _nonfinite(api: httpx.Client, run_id: int) -> None:
+    """What the trainer reports of the first non-finite values: the gradient norm inf at step 39, rank 1's loss NaN
+    at step 40 (as the failed run's traceback says)."""
+    points = [wire.Point(wire.NONFINITE_GRAD_NORM_KEY, STEPS - 1, math.inf, 0, 1.7e9),
+              wire.Point(wire.NONFINITE_LOSS_KEY, STEPS, math.nan, 1, 1.7e9)]  # fmt: skip
+    _post(api, run_id, points)
+
+
+def _post(api: httpx.Client, run_id: int, points: list[wire.Point]) -> None:
+    answer = api.post(f"/api/runs/{run_id}/metrics", json=wire.Batch(tuple(points)).to_json(),
+                      headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    assert answer.status_code == 200, answer.text
 
 
 def _leave_files(run: Seeded, shared: Path) -> Seeded:

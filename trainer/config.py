@@ -88,6 +88,19 @@ class TrainConfig:
         default=True,
         metadata={"help": "continue exactly from the newest step-*.pt in checkpoint-dir, if there is one"},
     )
+    fingerprint_every: int = field(
+        default=100,
+        metadata={"help": "compare a fingerprint of every rank's parameters every this many steps, >= 0 (0: never)"},
+    )
+    desync_checks: bool = field(
+        default=False,
+        metadata={"help": "a monitored barrier before each step's all-reduce, whose timeout error names the rank that "
+                  "did not reach it; costs a barrier a step"},
+    )  # fmt: skip
+    stop_on_nonfinite: bool = field(
+        default=False,
+        metadata={"help": "stop at the first NaN or infinite loss or gradient norm; checkpoints the last finite step"},
+    )
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -109,7 +122,9 @@ class TrainConfig:
         _check_choice("checkpoint_unit", self.checkpoint_unit, wire.CHECKPOINT_UNITS)
         _check_int("seed", self.seed, 0, math.inf)
         _check_int("pg_timeout_s", self.pg_timeout_s, 5, 86_400)
-        for flag in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "resume"):
+        _check_int("fingerprint_every", self.fingerprint_every, 0, math.inf)
+        for flag in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "resume",
+                     "stop_on_nonfinite", "desync_checks"):  # fmt: skip
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
         if not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir:

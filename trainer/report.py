@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from . import external, wire
+from . import external, forensics, wire
 
 _REQUEST_TIMEOUT_S = 5.0
 _RETRY_FIRST_S = 1.0
@@ -86,15 +86,17 @@ class IngestConnection:
         assert parts.hostname is not None  # checked
         self._https = parts.scheme == "https"
         self._host, self._port, self._timeout = parts.hostname, parts.port, timeout
-        self._path = parts.path.rstrip("/") + wire.INGEST_PATH.format(run_id=quote(str(run_id), safe=""))
+        self._base, self._run_id = parts.path.rstrip("/"), quote(str(run_id), safe="")
+        self._path = self._base + wire.INGEST_PATH.format(run_id=self._run_id)
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self._connection: http.client.HTTPConnection | None = None
 
-    def post(self, body: bytes) -> tuple[int | None, str, bytes]:
-        """POST one batch; returns the HTTP status (None if no response came), a line describing it, and the reply."""
-        reused = self._connection is not None
+    def post(self, body: bytes, path: str | None = None) -> tuple[int | None, str, bytes]:
+        """POST one batch (or, to `path`, anything else); returns the HTTP status (None if no response came), a line
+        describing it, and the reply."""
+        reused, path = self._connection is not None, path or self._path
         try:
-            return self._post_once(body)
+            return self._post_once(body, path)
         except (OSError, http.client.HTTPException) as error:
             self.close()
             # A kept-alive connection that the server closed while idle fails on first use: that alone does not
@@ -102,16 +104,20 @@ class IngestConnection:
             if not (reused and isinstance(error, ConnectionError)):
                 return None, f"{type(error).__name__}: {error}", b""
         try:
-            return self._post_once(body)
+            return self._post_once(body, path)
         except (OSError, http.client.HTTPException) as error:
             self.close()
             return None, f"{type(error).__name__}: {error}", b""
 
-    def _post_once(self, body: bytes) -> tuple[int | None, str, bytes]:
+    def dump_path(self, request: int) -> str:
+        """Where this run's rank dumps for one request go."""
+        return self._base + wire.DUMP_PATH.format(run_id=self._run_id, request=request)
+
+    def _post_once(self, body: bytes, path: str) -> tuple[int | None, str, bytes]:
         if self._connection is None:
             kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             self._connection = kind(self._host, self._port, timeout=self._timeout)
-        self._connection.request("POST", self._path, body=body, headers=self._headers)
+        self._connection.request("POST", path, body=body, headers=self._headers)
         response = self._connection.getresponse()
         text = response.read()  # read to the end, or the connection cannot carry the next request
         return response.status, f"HTTP {response.status}: {text[:200].decode(errors='replace')}", text
@@ -228,6 +234,7 @@ class Reporter:
         self._last_attempt = -math.inf
         self._reachable = True
         self._run_over = False
+        self._dumped = 0  # the last dump request this rank answered: each is answered once
         self._closed = False
         self._deadline = math.inf  # set by close(): after it, nothing waits on the network
         self._wake = threading.Event()
@@ -400,6 +407,8 @@ class Reporter:
         self._note(outcome, status, detail)
         if outcome is Outcome.ACCEPTED and self._join is not None and _asks_stop(reply):
             self._stop_requested.set()
+        if outcome is Outcome.ACCEPTED and wire.DUMP_REPLY_MARK in reply:  # else nothing is parsed
+            self._guarded(lambda: self._answer_dump(reply))  # the batch was taken whatever becomes of the dump
         return outcome
 
     def _join_run(self) -> Outcome:
@@ -417,6 +426,18 @@ class Reporter:
         self._run_over = True  # a wrong token or a refused request stays wrong: say so once, and send nothing
         self._warn("join", f"the server refused this process's join, so nothing is sent: {detail}")
         return Outcome.RUN_OVER
+
+    def _answer_dump(self, reply: bytes) -> None:
+        """Send this rank's stacks once per dump request the server's reply names (trainer/forensics.py)."""
+        request = json.loads(reply).get(wire.DUMP_REPLY_FIELD)
+        if not isinstance(request, int) or request == self._dumped or self._connection is None:
+            return
+        dump = forensics.take_dump(request, rank=self._rank, host=self._host)
+        body = json.dumps(dump.to_json(), separators=(",", ":")).encode()
+        status, detail, _reply = self._connection.post(body, self._connection.dump_path(request))
+        if outcome_of(status) is not Outcome.RETRY:
+            self._dumped = request
+            _stderr(f"[rank {self._rank}] sent its stacks for dump request {request} ({detail[:60]})")
 
     def _note(self, outcome: Outcome, status: int | None, detail: str) -> None:
         # One line per change of state, not per batch: a down server must not flood the rank's log.
@@ -710,3 +731,7 @@ def leave_rank_marker(environ: Mapping[str, str] = os.environ) -> Path | None:
 # At import, because every worker imports the client but some never call it (rank 1 of examples/ddp_train.py):
 # one small write, once per process.
 leave_rank_marker()
+# And a reporter for every worker of a dashboard run, even one that never reports: its thread is what answers a dump
+# request while the main thread hangs in a collective (an empty batch every heartbeat interval, whose reply asks).
+if os.environ.get(wire.ENV_RUN_ID) and "LOCAL_RANK" in os.environ:
+    _reporter()

@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainer import checkpoints, gpu, report, wire
+from trainer import checkpoints, forensics, gpu, report, watch, wire
 from trainer.checkpoints import CheckpointError, one_line, write_atomically
 from trainer.config import TrainConfig
 from trainer.workloads import WORKLOADS
@@ -136,8 +136,8 @@ class RankTimes:
 
 
 # How often each rank's step times are gathered to rank 0: a collective, so not on every step.
-RANK_TIMES_EVERY = 20
-RANK_TIME_KEYS = ("rank/step_ms", "rank/data_ms", "rank/compute_ms")
+RANK_TIMES_EVERY = wire.RANK_TIMES_EVERY
+RANK_TIME_KEYS = wire.RANK_TIME_KEYS
 
 
 class Trainer:
@@ -176,6 +176,18 @@ class Trainer:
         policy = checkpoints.Policy(config.keep_last, config.keep_best, config.best_metric)
         self.retention = checkpoints.Retention(Path(config.checkpoint_dir), policy, cluster.say)
         self.model, self.optimizer, self.scheduler = self._build_model()
+        self.fault = forensics.Fault.from_env()  # None but in tests
+        self.nonfinite = watch.NonFiniteWatch(cluster.rank, cluster.say)
+        self.fingerprint = watch.ReplicaFingerprint(self.model, config.fingerprint_every, cluster.rank, cluster.say)
+        self.skipped_update = False  # stop_on_nonfinite left the last step's non-finite gradients unapplied
+        self.desync_group = self._desync_group()
+
+    def _desync_group(self) -> dist.ProcessGroup | None:
+        """Where desync checks run their monitored barrier (gloo has it, NCCL not): the default group (None) on CPU,
+        a gloo group beside NCCL's."""
+        if not self.config.desync_checks or dist.get_backend() == "gloo":
+            return None
+        return dist.new_group(backend="gloo")
 
     def _loader(self, dataset: Dataset[Any], sampler: DistributedSampler[int]) -> DataLoader[tuple[Tensor, ...]]:
         # In-memory tensors: worker processes would only add start-up time and copies.
@@ -314,12 +326,22 @@ class Trainer:
         while self.epoch_step < self.steps_per_epoch:
             started = time.perf_counter()
             micro_batches = [next(batches) for _ in range(self.config.grad_accum)]
+            if self.fault:
+                time.sleep(self.fault.data_delay_s(rank=self.cluster.rank, step=self.step + 1))  # a test's straggler
             fetched = time.perf_counter()
             loss, grad_norm = self._optimizer_step(micro_batches)
             self.step, self.epoch_step = self.step + 1, self.epoch_step + 1
+            if self.fault and self.fault.hits("hang", rank=self.cluster.rank, step=self.step):
+                forensics.hang_forever()  # a test's rank that never reaches the step's all_reduce
+            if self.config.desync_checks:  # raises "Rank 1 failed to pass monitoredBarrier", naming it
+                dist.monitored_barrier(self.desync_group, timeout=timedelta(seconds=self.config.pg_timeout_s))
             stop = self._agree(loss, grad_norm)  # waits for the step's work: the times below include it
             self.times.add(fetched - started, time.perf_counter() - fetched)
             report.heartbeat(self.step)  # every rank's own: the dashboard sees which one stopped moving
+            if self.fault and self.fault.hits("perturb", rank=self.cluster.rank, step=self.step):
+                with torch.no_grad():
+                    next(self.model.parameters()).view(-1)[0] += 1e-3  # a test's replica that diverges
+            self.fingerprint.check(self.step)
             self._report()
             if self.config.val_every and self.step % self.config.val_every == 0:
                 self._validate()
@@ -356,6 +378,8 @@ class Trainer:
                 with self._autocast():
                     outputs = self.model(inputs.to(self.device, non_blocking=True))
                     loss = self.workload.loss(outputs, targets.to(self.device, non_blocking=True))
+                if self.fault and self.fault.hits("nan", rank=self.cluster.rank, step=self.step + 1):
+                    loss = loss * math.nan  # a test's rank whose loss goes NaN at this step
                 self.scaler.scale(loss / len(micro_batches)).backward()
             total += loss.detach().float()
         self.scaler.unscale_(self.optimizer)  # the true gradients, for the norm and the clipping
@@ -364,9 +388,13 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(parameters, self.config.grad_clip)
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
+        # DDP averaged the gradients, so every rank sees the same norm and skips alike, with no collective. The
+        # check is a device sync: paid only by runs that ask to stop there.
+        self.skipped_update = self.config.stop_on_nonfinite and not bool(torch.isfinite(grad_norm))
+        if not self.skipped_update:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.scheduler.step()
         return total / len(micro_batches), grad_norm
 
     def _agree(self, loss: Tensor, grad_norm: Tensor) -> bool:
@@ -379,9 +407,20 @@ class Trainer:
         packed = torch.stack([loss.float(), grad_norm.float(), stop_vote])
         dist.all_reduce(packed, op=dist.ReduceOp.SUM)
         loss_sum, norm_sum, stop_votes = packed.tolist()
+        # A NaN or infinity on any rank makes these sums non-finite on every rank: they all see it here, together.
+        local = lambda: torch.stack([loss.float(), grad_norm.float()])  # noqa: E731 - made only when one is not finite
+        if self.nonfinite.check(self.step, loss_sum, norm_sum, local) and self.config.stop_on_nonfinite:
+            self._halt_nonfinite()
+            return True
         self.loss, self.grad_norm = loss_sum / self.cluster.world_size, norm_sum / self.cluster.world_size
         self.epoch_losses.append(self.loss)
         return stop_votes > 0
+
+    def _halt_nonfinite(self) -> None:
+        """Stop at the first non-finite value: the checkpoint then written holds the last finite step's weights."""
+        if self.skipped_update:  # its update was not applied: the position goes back to the step before
+            self.step, self.epoch_step = self.step - 1, self.epoch_step - 1
+        self.cluster.say(f"stopping at step {self.step}: a non-finite loss or gradient norm (stop_on_nonfinite)")
 
     def _report(self) -> None:
         if not self.cluster.is_main:

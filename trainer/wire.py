@@ -373,3 +373,101 @@ class CheckpointSidecar:
         if checkpoint_step(sidecar.file) != sidecar.step or not sidecar.file.endswith(".pt"):
             raise ValueError(f"not a checkpoint sidecar: file {sidecar.file!r} does not match step {sidecar.step}")
         return sidecar
+
+
+# Dumps of every rank ("which rank, and why"; trainer/forensics.py, app/services/forensics.py). While a dump is
+# requested, the server's reply to any ingest POST carries `DUMP_REPLY_FIELD` with the request's number:
+#     {"accepted": 0, "stored": 0, "dump": 3}
+# and each rank's reporter thread, which runs while the main thread blocks in a collective, answers that number once
+# with a `RankDump` posted to DUMP_PATH (with the run's token). No field, no cost: a reply without it is not parsed.
+DUMP_PATH = "/api/runs/{run_id}/dumps/{request}"
+DUMP_REPLY_FIELD = "dump"
+DUMP_REPLY_MARK = b'"dump":'  # what the client looks for in a reply before it parses it
+MAX_DUMP_BYTES = 2_000_000
+MAX_DUMP_FRAMES = 64  # of the main thread, most recent first
+MAX_DUMP_COLLECTIVES = 20  # the flight recorder's newest entries
+# The ranks' environment: their flight recorder keeps this many collectives (a ring; the dump sends the newest).
+FR_BUFFER_ENV = {"TORCH_FR_BUFFER_SIZE": "2000"}
+# The first non-finite values the built-in trainer saw (trainer/watch.py), as points: at the step where each became
+# NaN or infinite; the loss once per rank that had it (its value on that rank), the gradient norm (the same on every
+# rank: DDP averaged the gradients) from rank 0.
+NONFINITE_LOSS_KEY = "forensics/nonfinite_loss"
+# The first fingerprint step at which a rank's parameters differed from the others' (trainer/watch.py), one point per
+# rank that differed, its value the difference of its fingerprint from the reference ranks'.
+DIVERGENCE_KEY = "forensics/divergence"
+
+
+def divergence_sentence(step: int, ranks: list[int]) -> str:
+    """ "rank 1's parameters differ from the other ranks' at step 200 (first seen)"."""
+    which = f"rank {ranks[0]}'s" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}'"
+    return f"{which} parameters differ from the other ranks' at step {step:,} (first seen; replicas diverged)"
+
+
+# Each rank's mean step, data-wait and compute milliseconds per step, which the built-in trainer gathers to rank 0
+# every RANK_TIMES_EVERY steps and reports under each rank (a script may report them too): stragglers are read there.
+RANK_TIME_KEYS = ("rank/step_ms", "rank/data_ms", "rank/compute_ms")
+RANK_TIMES_EVERY = 20
+NONFINITE_GRAD_NORM_KEY = "forensics/nonfinite_grad_norm"
+
+
+def number_word(value: float) -> str:
+    """A value as a sentence names it: NaN, inf, -inf, or the number."""
+    if math.isnan(value):
+        return "NaN"
+    return ("inf" if value > 0 else "-inf") if math.isinf(value) else f"{value:g}"
+
+
+def nonfinite_sentence(step: int, ranks: list[int], loss: str, norm_step: int | None, norm: str) -> str:
+    """The trainer's log line and the run page's sentence: "loss became NaN at step 1,234 on rank 2 first (grad
+    norm inf one step earlier)"."""
+    where = f"rank {ranks[0]} first" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} at once"
+    if norm_step is None or norm_step > step:
+        after = "grad norm still finite"
+    elif norm_step == step:
+        after = f"grad norm {norm} at the same step"
+    else:
+        gap = step - norm_step
+        after = f"grad norm {norm} {'one step' if gap == 1 else f'{gap:,} steps'} earlier"
+    return f"loss became {loss} at step {step:,} on {where} ({after})"
+
+
+# Faults the tests inject into the built-in trainer, "KIND:rank=R:step=S[:ms=M]" with KIND hang, nan, slow_data or
+# perturb (trainer/forensics.py: Fault); never set by the dashboard.
+ENV_TEST_FAULT = "RANKBOARD_TEST_FAULT"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a Python stack."""
+
+    file: str
+    line: int
+    function: str
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One entry of a rank's flight recorder: a collective it entered, numbered in the process group."""
+
+    seq: int
+    name: str  # profiling name, such as "gloo:all_reduce"
+    sizes: str  # input sizes, as the recorder gives them
+
+
+@dataclass(frozen=True)
+class RankDump:
+    """What one rank sends for one dump request: its main thread's stack, every thread's as faulthandler prints it,
+    and its flight recorder's newest collectives (empty, with `recorder_error` saying why, where it has none)."""
+
+    request: int
+    rank: int
+    host: str
+    pid: int
+    taken_at: float
+    stack: tuple[Frame, ...]  # the main thread, most recent call first
+    threads: str
+    collectives: tuple[Collective, ...] = ()
+    recorder_error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -12,7 +12,7 @@ UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Open to anyone: the login page, the static files (vendored scripts and styles), the health check start-up scripts
 # wait on, and the trainer's ingest, which proves itself with its run's own token (checked by the route).
 PUBLIC = re.compile(r"^/(login|static/.*|api/health|favicon\.ico)$")
-INGEST = re.compile(r"^/api/runs/\d+/metrics$")
+INGEST = re.compile(r"^/api/runs/\d+/(metrics|dumps/\d+)$")  # a rank's dump proves itself the same way
 ADMIN_ONLY = re.compile(r"^(/api)?/(users|tokens|alerts)(/.*)?$")
 ANY_USER_MAY_POST = frozenset({"/logout"})
 

@@ -13,7 +13,7 @@ TRAINER_OPTIONS = (
     "workload", "epochs", "batch_size", "lr", "optimizer", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip",
     "grad_accum", "precision", "sync_batchnorm", "find_unused_parameters", "bucket_cap_mb", "gradient_as_bucket_view",
     "val_every", "checkpoint_every", "checkpoint_unit", "seed", "pg_timeout_s", "keep_last", "keep_best",
-    "best_metric",
+    "best_metric", "stop_on_nonfinite", "fingerprint_every", "desync_checks",
 )  # fmt: skip
 
 
@@ -43,4 +43,8 @@ def trainer_environment(
         "PYTHONUNBUFFERED": "1",
         # Restarted workers must not reuse the agent's rendezvous store (pytorch/pytorch#135712).
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        # Each rank's collectives, for a dump to name the one behind. A script's desync checks are torch's own; the
+        # built-in trainer runs a monitored barrier instead (its --desync-checks): with DETAIL, DDP's constructor
+        # crashed every rank (SIGSEGV, torch 2.13 on CPU), and with the flight recorder too, the first collective.
+        **({"TORCH_DISTRIBUTED_DEBUG": "DETAIL"} if run.desync_checks and run.script else wire.FR_BUFFER_ENV),
     }

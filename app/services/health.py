@@ -8,7 +8,7 @@ wait, their GPUs spin in NCCL's kernels at "100% utilization": the GPU samples t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from statistics import fmean
 from typing import Literal
@@ -18,6 +18,8 @@ from sqlalchemy.orm import Session, object_session
 from app.errors import RunNotFound
 from app.humanize import duration
 from app.models import Run, RunRank, RunStatus, utcnow
+from app.schemas import StragglerOut
+from app.services import dump_requests, findings
 from app.store import health as health_store
 from app.store import ranks as rank_store
 from app.store import runs as run_store
@@ -72,6 +74,7 @@ class Health:
     stalled: tuple[StalledRank, ...] = ()
     behind: tuple[int, ...] = ()  # ranks whose last step is below the highest one: the likely culprits
     gpu: GpuSpin | None = None
+    stragglers: tuple[StragglerOut, ...] = ()  # ranks still slow in data wait or compute (app/services/findings.py)
 
 
 OK = Health("ok", "")
@@ -183,6 +186,7 @@ def record(db: Session, run: Run, *, now: datetime, stall_after: timedelta) -> N
     if health.state != "ok" and not stalled_before:
         reason = health.message.removeprefix("Not progressing: ")
         run_store.set_status(db, run, run.status, f"{NOT_PROGRESSING}: {reason}")
+        dump_requests.ask(run)  # once per episode: every rank's stacks, to name the one the others wait for
     elif health.state == "ok" and last is not None and stalled_before:
         run_store.set_status(db, run, run.status, f"{PROGRESSING_AGAIN}: the ranks' steps move again "
                                                   f"(not progressing was reported {duration(now - last.at)} "
@@ -207,4 +211,8 @@ def run_health(db: Session, *, run_id: int, stall_after_s: float) -> Health:
     run = run_store.get_run(db, run_id)
     if run is None:
         raise RunNotFound(run_id)
-    return assess(db, run, now=utcnow(), stall_after=timedelta(seconds=stall_after_s))
+    health = assess(db, run, now=utcnow(), stall_after=timedelta(seconds=stall_after_s))
+    if run.status != RunStatus.running:
+        return health
+    slow = tuple(straggler for straggler in findings.stragglers(db, run=run) if straggler.ongoing)
+    return replace(health, stragglers=slow)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.errors import InvalidToken, RunNotActive
 from app.models import Run, RunStatus, utcnow
 from app.schemas import BatchIn, IngestResult, PointOut, SeriesOut
-from app.services import external, nodes, runs
+from app.services import dump_requests, external, nodes, runs
 from app.store import charts as chart_store
 from app.store import metrics as metric_store
 from app.store import runs as run_store
@@ -48,7 +48,7 @@ def ingest(
     """Stores a batch in one transaction; points already stored (a retry, a replayed spool) are skipped."""
     with db.begin():
         run = runs.get_run(db, run_id=run_id)
-        if not _token_fits(db, run, token):
+        if not token_fits(db, run, token):
             raise InvalidToken(f"the token is not the one run {run_id} was launched with")
         if run.launcher == external.EXTERNAL:
             external.took_batch(db, run)
@@ -64,13 +64,14 @@ def ingest(
         if batch.ended is not None and run.launcher == external.EXTERNAL:
             external.ended(db, run, batch.ended)
         stop = run.launcher == external.EXTERNAL and run.stop_requested_at is not None
-    result = IngestResult(accepted=batch.size, stored=stored, stop=stop)
+        dump = dump_requests.pending(run, now=utcnow())
+    result = IngestResult(accepted=batch.size, stored=stored, stop=stop, dump=dump)
     if counters is not None:  # counted once committed: a batch refused or rolled back was not taken
         counters.add(result)
     return result
 
 
-def _token_fits(db: Session, run: Run, token: str) -> bool:
+def token_fits(db: Session, run: Run, token: str) -> bool:
     """The token the run was launched with, or one a process of a run launched elsewhere got when it joined."""
     token_hash = runs.hash_token(token)
     if run.token_hash is not None and hmac.compare_digest(run.token_hash, token_hash):

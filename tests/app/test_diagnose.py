@@ -260,3 +260,11 @@ def test_two_stopped_agents_tracebacks_interleaved_in_one_file_are_no_failure() 
     report = "torch.distributed.elastic.multiprocessing.api.SignalException: Process {} got signal: 15\n"
     mixed = start + frames[0] + start + frames[0] + frames[1] + report.format(41) + frames[1] + report.format(42)
     assert diagnose([LogText(None, "stdout", "srun: error: vm: tasks 0-1: Exited with exit code 1\n" + mixed)]) == []
+
+
+def test_a_desync_check_names_the_ranks_that_missed_the_barrier() -> None:
+    line = "[rank0]: RuntimeError: [Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 15000 ms"
+    (found,) = [d for d in diagnose([LogText(0, "stderr", line + "\n")]) if d.kind == "desync"]
+    assert found.line.endswith("Ranks 1, 3 failed to pass monitoredBarrier in 15000 ms") and found.title.startswith(
+        "A rank never reached"
+    )

@@ -93,7 +93,14 @@ def test_fresh_heartbeats_are_ok_and_show_no_warning(client: TestClient) -> None
     heartbeat(client, run_id, rank=0, host="node-a", step=130)
     heartbeat(client, run_id, rank=1, host="node-b", step=128)
 
-    assert health(client, run_id) == {"state": "ok", "message": "", "stalled": [], "behind": [], "gpu": None}
+    assert health(client, run_id) == {
+        "state": "ok",
+        "message": "",
+        "stalled": [],
+        "behind": [],
+        "gpu": None,
+        "stragglers": [],
+    }
     assert 'id="health"' not in client.get(f"/runs/{run_id}").text
 
 

@@ -182,6 +182,7 @@ def run_page(answer: Answer) -> None:
     # The explanation sits with the logs, far down: a failed or lost run links to it from its status.
     assert ('<a href="#explain">What went wrong</a>' in answer.text) == (run.state in ("failed", "lost"))
     assert 'id="run-alerts"' in answer.text and "No alerts sent." in answer.text  # the section, in every state
+    dump_on_page(answer)
     if run.live:
         assert ("Stopping…</button>" if run.status == RunStatus.stopping else "Stop</button>") in answer.text
 
@@ -309,9 +310,64 @@ def api_run(answer: Answer) -> None:
     assert any(answer.seeded.says in event["reason"] for event in body["events"])
 
 
+# The running run's ranks were dumped (tests/run_states.py); the stalled run's dump was asked for by the supervisor
+# and nothing answered it; no other run has one.
+RUNNING_VERDICT = ("rank 1 never reached all_reduce #6 that rank 0 waits in; rank 1's stack: data.py:88 in "
+                   "__next__.")  # fmt: skip
+
+
+def dumps(answer: Answer) -> None:
+    latest = answer.json()["latest"]
+    if answer.seeded.state == "running":
+        assert latest["verdict"] == RUNNING_VERDICT and latest["culprits"] == [1] and latest["missing"] == []
+    elif answer.seeded.state == "not progressing":
+        assert latest["ranks"] == [] and latest["missing"] == [0, 1] and "No rank has answered" in latest["verdict"]
+    else:
+        assert latest is None
+
+
+DIVERGED = "rank 1's parameters differ from the other ranks' at step 40 (first seen; replicas diverged)"
+NONFINITE = "loss became NaN at step 40 on rank 1 first (grad norm inf one step earlier)"
+
+
+STRAGGLER = "rank 1 on node-a is slow in data wait: 15 ms a step against the others' 1 ms, since step 1 (still)"
+
+
+def findings(answer: Answer) -> None:
+    found = answer.json()
+    if answer.seeded.state == "failed":
+        assert found["nonfinite"] == {"step": 40, "ranks": [1], "grad_norm_step": 39, "sentence": NONFINITE}
+    else:
+        assert found["nonfinite"] is None
+    diverged = {"step": 40, "ranks": [1], "sentence": DIVERGED} if answer.seeded.state == "stopped" else None
+    assert found["divergence"] == diverged
+    stragglers = [] if answer.seeded.state in UNSTARTED else [STRAGGLER]
+    assert [straggler["sentence"] for straggler in found["stragglers"]] == stragglers
+
+
+def dump_on_page(answer: Answer) -> None:
+    """The run page's "Which rank, and why": its button while the run lives, the newest dump's verdict."""
+    run = answer.seeded
+    assert ('id="dump-button"' in answer.text) == (run.status.value in ("starting", "running", "stopping"))
+    desync = run.state in ("failed", "lost", "stopped", "not progressing")  # ended badly or hung: re-run to name it
+    assert ('id="desync-button"' in answer.text) == desync
+    if run.state == "running":
+        assert str(escape(RUNNING_VERDICT)) in answer.text and 'data-culprits="1"' in answer.text
+        assert "<code>data.py:88 in __next__</code>" in answer.text
+    elif run.state == "not progressing":
+        assert "No rank has answered yet" in answer.text and "waiting for rank 0, 1" in answer.text
+    assert ("Loss became NaN at step 40 on rank 1 first" in answer.text) == (run.state == "failed")
+    assert (str(escape(STRAGGLER)) in answer.text) == (run.state not in UNSTARTED)
+    assert ("Rank 1&#39;s parameters differ from the other ranks&#39; at step 40" in answer.text) == (
+        run.state == "stopped"
+    )
+
+
 def api_health(answer: Answer) -> None:
     state = answer.json()["state"]
     assert state == ("not_progressing" if answer.seeded.state == "not progressing" else "ok")
+    slow = answer.seeded.status == RunStatus.running and answer.seeded.state not in UNSTARTED
+    assert [s["sentence"] for s in answer.json()["stragglers"]] == ([STRAGGLER] if slow else [])
 
 
 def metric_keys(answer: Answer) -> None:
@@ -451,6 +507,8 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/api/runs/{run_id}": api_run,
     "/api/runs/{run_id}/health": api_health,
     "/api/runs/{run_id}/ranks": ranks,
+    "/api/runs/{run_id}/dumps": dumps,
+    "/api/runs/{run_id}/findings": findings,
     "/api/runs/{run_id}/metrics": metric_keys,
     "/api/runs/{run_id}/metrics/{key}": series,
     "/api/runs/{run_id}/chart": chart,

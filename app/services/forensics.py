@@ -1,0 +1,199 @@
+"""Which rank, and why: dump every rank's stacks on request, and name the rank the others wait for.
+
+A request is a number on the run (`dump_request`); while it is fresh, the reply to every ingest POST names it, and
+each rank's reporter thread (trainer/report.py), which runs while the main thread blocks in a collective, answers it
+once with its stacks and flight recorder (trainer/forensics.py). The answers are kept in the run folder,
+`dumps/<request>/rank-<rank>.json`, and read back for the run page and the API. No open port on the ranks, no
+ptrace: the request rides on the connection each rank already has, from any node.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.errors import FieldInvalid, InvalidToken, RunNotActive
+from app.folders import RunFolders
+from app.launcher.launchers import Launchers
+from app.models import Run, RunStatus
+from app.schemas import DumpOut, DumpsOut, RankDumpIn, RankStateOut, RunCreate
+from app.services import dump_requests, external, metrics, runs
+from app.settings import Settings
+from app.store import audit
+
+DUMPS = "dumps"
+LIVE = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
+LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+TOP_FRAMES = 4
+DESYNC_TIMEOUT_S = 30  # a re-run with desync checks fails this soon at a hang, naming the rank
+
+
+def request_dump(db: Session, *, run_id: int, actor: str) -> int:
+    """Ask every rank of a live run for its stacks; returns the request's number."""
+    with db.begin():
+        run = runs.get_run(db, run_id=run_id)
+        if run.status not in LIVE:
+            raise RunNotActive(f"run {run_id} is {run.status.value}: only a live run's ranks can be dumped")
+        request = dump_requests.ask(run)
+        audit.record(db, actor=actor, action="dump requested", run_id=run.id, detail=f"request {request}")
+    return request
+
+
+def rerun_with_desync_checks(
+    db: Session, *, run_id: int, settings: Settings, folders: RunFolders, launchers: Launchers, actor: str
+) -> Run:
+    """A new run with the options of this one, TORCH_DISTRIBUTED_DEBUG=DETAIL and a short process-group timeout: its
+    failure explanation names the rank that does not reach a collective."""
+    with db.begin():  # create_run opens its own transaction: this read's ends first
+        run = runs.get_run(db, run_id=run_id)
+        if run.launcher == external.EXTERNAL:
+            raise RunNotActive(f"run {run_id} ran elsewhere: rerun it there with TORCH_DISTRIBUTED_DEBUG=DETAIL")
+        # Unset options (no script arguments, no NCCL variables) are left to their defaults.
+        options = {name: value for name in RunCreate.model_fields if (value := getattr(run, name, None)) is not None}
+        name = f"{run.name} (desync checks)"[-100:]
+        timeout = min(run.pg_timeout_s, DESYNC_TIMEOUT_S)
+    spec = RunCreate.model_validate({**options, "name": name, "desync_checks": True, "pg_timeout_s": timeout})
+    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=actor)
+
+
+def receive_dump(db: Session, *, run_id: int, token: str, request: int, dump: RankDumpIn, folders: RunFolders) -> None:
+    """Keep one rank's answer, checked against the run's token and its open request."""
+    with db.begin():
+        run = runs.get_run(db, run_id=run_id)
+        if not metrics.token_fits(db, run, token):
+            raise InvalidToken(f"the token is not the one run {run_id} was launched with")
+        if dump.request != request:
+            raise FieldInvalid("request", f"the dump answers request {dump.request}, posted to request {request}")
+        if run.dump_request is None or not 1 <= request <= run.dump_request:
+            raise FieldInvalid("request", f"run {run_id} has no dump request {request}")
+        folder = folders.run_dir(run) / DUMPS / str(request)
+    folder.mkdir(parents=True, exist_ok=True)
+    _write(folder / f"rank-{dump.rank}.json", dump.model_dump_json().encode())
+
+
+def _write(path: Path, body: bytes) -> None:
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as file:
+        file.write(body)
+    os.replace(file.name, path)  # whole or not at all: a page may read it at any moment
+
+
+def run_dump(db: Session, *, run_id: int, folders: RunFolders, settings: Settings) -> DumpsOut:
+    """The run's newest dump, analysed (None before any request); raises RunNotFound."""
+    run = runs.get_run(db, run_id=run_id)
+    return DumpsOut(latest=latest_dump(run, folders=folders, world_size=runs.world_size(run, settings)))
+
+
+def latest_dump(run: Run, *, folders: RunFolders, world_size: int) -> DumpOut | None:
+    """The newest request's answers, analysed; None before any request."""
+    if run.dump_request is None:
+        return None
+    folder = folders.run_dir(run) / DUMPS / str(run.dump_request)
+    dumps = sorted(_read(folder), key=lambda dump: dump.rank)
+    return analyse(run.dump_request, run.dump_requested_at, dumps, expected=world_size)
+
+
+def _read(folder: Path) -> list[RankDumpIn]:
+    dumps = []
+    for path in folder.glob("rank-*.json") if folder.is_dir() else ():
+        try:
+            dumps.append(RankDumpIn.model_validate_json(path.read_bytes()))
+        except (OSError, ValidationError):
+            continue  # removed meanwhile, or not ours: the others still tell
+    return dumps
+
+
+def analyse(request: int, requested_at: datetime | None, dumps: Sequence[RankDumpIn], *, expected: int) -> DumpOut:
+    """Each rank's state, and the sentence naming the rank the others wait for."""
+    states = [rank_state(dump) for dump in dumps]
+    answered = {state.rank for state in states}
+    missing = [rank for rank in range(expected) if rank not in answered]
+    culprits, verdict = _verdict(states, missing)
+    return DumpOut(request=request, requested_at=requested_at, expected=expected, ranks=states, missing=missing,
+                   culprits=culprits, verdict=verdict)  # fmt: skip
+
+
+def rank_state(dump: RankDumpIn) -> RankStateOut:
+    """What one rank's dump says: the collective it is in, its last sequence number, where its own code stands."""
+    inside = next((f.function for f in dump.stack if f.file.endswith("distributed_c10d.py")), None)
+    last = dump.collectives[-1] if dump.collectives else None
+    own = next((f for f in dump.stack if not any(mark in f.file for mark in LIBRARY_MARKS)), None)
+    return RankStateOut(
+        rank=dump.rank, host=dump.host, pid=dump.pid, taken_at=dump.taken_at, collective=inside,
+        last_seq=last.seq if last else None, last_collective=_plain(last.name) if last else None,
+        where=_line(own or dump.stack[0]) if dump.stack else "no Python frame",
+        top=[_line(frame) for frame in dump.stack[:TOP_FRAMES]], threads=dump.threads,
+        recorder_error=dump.recorder_error,
+    )  # fmt: skip
+
+
+def _plain(name: str) -> str:
+    return name.rpartition(":")[2]  # "gloo:all_reduce" -> "all_reduce"
+
+
+def _line(frame: object) -> str:
+    file, line, function = (getattr(frame, name) for name in ("file", "line", "function"))
+    return f"{Path(file).name}:{line} in {function}"
+
+
+def _verdict(states: list[RankStateOut], missing: list[int]) -> tuple[list[int], str]:
+    """The culprits and the sentence: the lowest last sequence number, else the rank outside every collective,
+    else a rank that never answered."""
+    if not states:
+        return [], "No rank has answered yet; each answers within a couple of seconds while its process lives."
+    seqs = {state.last_seq for state in states if state.last_seq is not None}
+    waiting = [state for state in states if state.collective]
+    if len(seqs) > 1:
+        low = min(seqs)
+        behind = [s for s in states if s.last_seq == low]
+        ahead = [s for s in states if s.last_seq is not None and s.last_seq > low]
+        top = max(ahead, key=lambda s: s.last_seq or 0)
+        what = f"{top.collective or top.last_collective} #{top.last_seq}"
+        return [s.rank for s in behind], (
+            f"{_ranks(behind)} never reached {what} that {_ranks(ahead)} {_verb(ahead, 'wait')} in; "
+            f"{_its(behind)}{_missing(missing)}"
+        )
+    outside = [state for state in states if not state.collective]
+    if waiting and outside:
+        name = waiting[0].collective
+        return [s.rank for s in outside], (
+            f"{_ranks(outside)} {_verb(outside, 'is', 'are')} in no collective while {_ranks(waiting)} "
+            f"{_verb(waiting, 'wait')} in {name}; {_its(outside)}{_missing(missing)}"
+        )
+    if waiting and missing:
+        return missing, (
+            f"{_ranks(waiting)} {_verb(waiting, 'wait')} in {waiting[0].collective}; rank"
+            f"{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not answer: its process may be "
+            "gone, or its Python stuck holding the GIL."
+        )
+    if waiting:
+        names = sorted({s.collective or "" for s in waiting})
+        if len(names) > 1:
+            each = "; ".join(f"rank {s.rank} in {s.collective}" for s in waiting)
+            return [], f"The ranks wait in different collectives ({each}): they call collectives in a different order."
+        return [], f"Every rank is inside {names[0]} and none is behind: look at the transport (network, NCCL)."
+    return [], "No rank is inside a collective: " + "; ".join(f"rank {s.rank} at {s.where}" for s in states) + "."
+
+
+def _ranks(states: Sequence[RankStateOut]) -> str:
+    ranks = [str(state.rank) for state in states]
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
+
+
+def _verb(states: Sequence[RankStateOut], singular: str, plural: str | None = None) -> str:
+    if len(states) == 1:
+        return singular + ("" if plural else "s")
+    return plural or singular
+
+
+def _its(states: Sequence[RankStateOut]) -> str:
+    return "; ".join(f"rank {s.rank}'s stack: {s.where}" for s in states) + "."
+
+
+def _missing(missing: list[int]) -> str:
+    return f" (no answer yet from rank {', '.join(map(str, missing))})" if missing else ""

@@ -1,0 +1,115 @@
+"""Which rank, and why: what a rank tells the dashboard about itself when asked, standard library only at import.
+
+`take_dump` runs in the reporter's thread (trainer/report.py) when the server's reply asks for a dump: the main
+thread may be blocked in a gloo or NCCL collective, which releases the GIL, so this thread can read its stack. torch
+is not imported here: only where the training already imported it is its flight recorder read.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import wire
+
+
+def take_dump(request: int, *, rank: int, host: str) -> wire.RankDump:
+    """This process's stacks and flight recorder now, for the dump request numbered `request`."""
+    collectives, recorder_error = flight_recorder()
+    return wire.RankDump(
+        request=request,
+        rank=rank,
+        host=host,
+        pid=os.getpid(),
+        taken_at=time.time(),
+        stack=main_stack(),
+        threads=all_threads(),
+        collectives=collectives,
+        recorder_error=recorder_error,
+    )
+
+
+def main_stack() -> tuple[wire.Frame, ...]:
+    """The main thread's stack, most recent call first, at most wire.MAX_DUMP_FRAMES frames."""
+    frame = sys._current_frames().get(threading.main_thread().ident or -1)
+    if frame is None:
+        return ()
+    summary = traceback.extract_stack(frame)[::-1][: wire.MAX_DUMP_FRAMES]
+    return tuple(wire.Frame(entry.filename, entry.lineno or 0, entry.name) for entry in summary)
+
+
+def all_threads() -> str:
+    """Every thread's stack as faulthandler prints it (it needs a real file, not a StringIO)."""
+    with tempfile.TemporaryFile("w+") as file:
+        faulthandler.dump_traceback(file, all_threads=True)
+        file.seek(0)
+        return file.read(wire.MAX_DUMP_BYTES // 2)
+
+
+def flight_recorder() -> tuple[tuple[wire.Collective, ...], str | None]:
+    """The newest collectives of the flight recorder, oldest first; or why there are none.
+
+    A private torch API (torch >= 2.5), guarded: it records only with TORCH_FR_BUFFER_SIZE set, which the launcher
+    gives every rank."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return (), "torch is not imported in this process"
+    try:
+        raw = torch._C._distributed_c10d._dump_fr_trace_json()
+        entries: list[dict[str, Any]] = json.loads(raw).get("entries") or []
+    except Exception as error:  # missing in this torch, no process group yet, a format it changed
+        return (), f"no flight recorder: {type(error).__name__}: {error}"[:300]
+    if not entries:
+        return (), "the flight recorder holds no collective (TORCH_FR_BUFFER_SIZE unset, or none ran yet)"
+    return tuple(_collective(entry) for entry in entries[-wire.MAX_DUMP_COLLECTIVES :]), None
+
+
+def _collective(entry: dict[str, Any]) -> wire.Collective:
+    sizes = str(entry.get("input_sizes", ""))[:200]
+    return wire.Collective(int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name", "?")), sizes)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault the tests inject into the built-in trainer through wire.ENV_TEST_FAULT: `hang:rank=1:step=5` blocks
+    rank 1 forever before the all-reduce of step 5; `nan:rank=1:step=5` makes its loss NaN there;
+    `slow_data:rank=1:step=5:ms=40` makes its data loading 40 ms slower from step 5 on; `perturb:rank=1:step=5`
+    changes one of its parameters after step 5 (its replica diverges)."""
+
+    kind: str
+    rank: int
+    step: int
+    ms: int = 0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Fault | None:
+        """The fault the environment asks for, or None (always, outside the tests)."""
+        spec = environ.get(wire.ENV_TEST_FAULT)
+        if not spec:
+            return None
+        kind, *fields = spec.split(":")
+        values = dict(field.split("=", 1) for field in fields)
+        return cls(kind, int(values["rank"]), int(values["step"]), int(values.get("ms", 0)))
+
+    def hits(self, kind: str, *, rank: int, step: int) -> bool:
+        """Whether this fault strikes this rank at this step."""
+        return self.kind == kind and self.rank == rank and self.step == step
+
+    def data_delay_s(self, *, rank: int, step: int) -> float:
+        """How much longer this rank's data loading takes at this step."""
+        slow = self.kind == "slow_data" and self.rank == rank and step >= self.step
+        return self.ms / 1000 if slow else 0.0
+
+
+def hang_forever() -> None:
+    """Block this rank for good, outside any collective, as a rank stuck in its data loading would."""
+    threading.Event().wait()
