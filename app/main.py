@@ -19,6 +19,7 @@ from app.api import alerts as alerts_api
 from app.api import charts as charts_api
 from app.api import exposition, guarded, health
 from app.api import files as files_api
+from app.api import goodput as goodput_api
 from app.api import host as host_api
 from app.api import runs as runs_api
 from app.api import users as users_api
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(host_api.router, responses=guarded())
     app.include_router(runs_api.router, responses=guarded())
+    app.include_router(goodput_api.router, responses=guarded())
     app.include_router(charts_api.router, responses=guarded())
     app.include_router(files_api.router, responses=guarded())
     app.include_router(logs_pages.router, responses=guarded())  # the run page's log panel and the logs API

@@ -17,7 +17,7 @@ from app.launcher.launchers import Launchers
 from app.models import Run, RunStatus
 from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
 from app.schemas import RunCreate
-from app.services import alerts, checkpoints, files, health, host, metrics, run_charts, runs, storage
+from app.services import alerts, checkpoints, files, goodput, health, host, metrics, run_charts, runs, storage
 from app.settings import Settings
 from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
@@ -264,6 +264,7 @@ def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, 
         "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, folders=folders),
         "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
+        "goodput": goodput.run_goodput_now(run), "startup_labels": goodput.STARTUP_PHASES,
     }  # fmt: skip
 
 

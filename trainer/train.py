@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from trainer import checkpoints, gpu, report, wire
 from trainer.checkpoints import CheckpointError, one_line, write_atomically
 from trainer.config import TrainConfig
+from trainer.goodput import LEDGER
 from trainer.workloads import WORKLOADS
 
 
@@ -290,6 +291,7 @@ class Trainer:
         )
         sampler = gpu.start_sampling()  # this node's GPUs, from its local rank 0 only
         self.started, self.first_step = time.perf_counter(), self.step  # for the rate the last line reports
+        LEDGER.first_step = LEDGER.step = self.step
         while self.epoch <= config.epochs:
             stopped = self._run_epoch()
             finished = self.step == self.total_steps
@@ -301,6 +303,7 @@ class Trainer:
             self.epoch, self.epoch_step, self.epoch_losses = self.epoch + 1, 0, []
         if sampler is not None:
             sampler.stop()
+        LEDGER.report()  # the final totals: what follows (exit) the server counts as stopping
         if self.step == self.total_steps:
             self._finish()
         else:
@@ -313,13 +316,16 @@ class Trainer:
         batches = iter(self.loader)
         while self.epoch_step < self.steps_per_epoch:
             started = time.perf_counter()
+            LEDGER.switch("data")
             micro_batches = [next(batches) for _ in range(self.config.grad_accum)]
+            LEDGER.switch("step")
             fetched = time.perf_counter()
             loss, grad_norm = self._optimizer_step(micro_batches)
             self.step, self.epoch_step = self.step + 1, self.epoch_step + 1
             stop = self._agree(loss, grad_norm)  # waits for the step's work: the times below include it
             self.times.add(fetched - started, time.perf_counter() - fetched)
             report.heartbeat(self.step)  # every rank's own: the dashboard sees which one stopped moving
+            LEDGER.stepped(self.step)
             self._report()
             if self.config.val_every and self.step % self.config.val_every == 0:
                 self._validate()
@@ -424,7 +430,8 @@ class Trainer:
         return local.tolist(), (mean / self.cluster.world_size).tolist()
 
     def _validate(self) -> None:
-        _local, (val_loss, val_accuracy) = self.validate()
+        with LEDGER.within("validation"):
+            _local, (val_loss, val_accuracy) = self.validate()
         if self.cluster.is_main:
             report.log({"val_loss": val_loss, "val_accuracy": val_accuracy}, step=self.step)
 
@@ -446,11 +453,13 @@ class Trainer:
     def _save_checkpoint(self, reason: str) -> None:
         """Rank 0 writes `step-*.pt` and its sidecar; the others wait for it, so no rank exits before the files
         are complete on disk, and if it failed every rank stops, rather than train on with no checkpoints."""
-        rng_states: list[Any] = [None] * self.cluster.world_size
-        dist.all_gather_object(rng_states, _rng_state())  # each rank's own, for an exact continuation
-        failure = self._write_checkpoint(reason, rng_states) if self.cluster.is_main else None
-        # Not a plain barrier: the others must learn here that rank 0 gave up, not wait for it at the next step.
-        if self._on_any_rank(failure is not None):
+        with LEDGER.within("checkpoint"):
+            rng_states: list[Any] = [None] * self.cluster.world_size
+            dist.all_gather_object(rng_states, _rng_state())  # each rank's own, for an exact continuation
+            failure = self._write_checkpoint(reason, rng_states) if self.cluster.is_main else None
+            # Not a plain barrier: the others must learn here that rank 0 gave up, not wait for it at the next step.
+            failed = self._on_any_rank(failure is not None)
+        if failed:
             raise CheckpointError(failure or f"rank 0 could not write the checkpoint of step {self.step}; stopping")
 
     def _write_checkpoint(self, reason: str, rng_states: list[Any]) -> str | None:
@@ -561,7 +570,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit("error: " + "; ".join(config.needs_cuda()))
     cluster = Cluster.from_env()
     stop = StopSignal.install()  # before the slow start-up, so an early SIGTERM is not lost
+    LEDGER.switch("startup_group")
     device = init_distributed(cluster, config.pg_timeout_s)
+    LEDGER.switch("startup_build")
     try:
         exit_code = run(config, cluster, device, stop)
         # Every rank is here together: finished, stopped, or failed together. A barrier last: ending on the checkpoint

@@ -293,3 +293,24 @@ class CheckpointSidecar:
         if checkpoint_step(sidecar.file) != sidecar.step or not sidecar.file.endswith(".pt"):
             raise ValueError(f"not a checkpoint sidecar: file {sidecar.file!r} does not match step {sidecar.step}")
         return sidecar
+
+
+# Goodput: each rank's ledger of where its process's time went, reported every GOODPUT_REPORT_S and at the end as
+# ordinary points keyed `goodput/<attempt>/<field>` under the rank's own rank, at step = the ledger's report number
+# (1, 2, ...: each report's totals replace the one before). `<attempt>` names one process incarnation: the launch id's
+# first 8 characters, a dot, torchrun's restart count. Fields: each of GOODPUT_PARTS (seconds since the process
+# started, cumulative), and GOODPUT_MARKS: `start` and `at` (unix times: the process's start, these totals' moment),
+# `first_step` (the step this incarnation began after) and `step` (the last one it finished).
+GOODPUT_KEY = "goodput/{attempt}/{field}"
+GOODPUT_REPORT_S = 2.0
+GOODPUT_PARTS = (
+    "startup_launch",  # from the process's creation to the trainer's entry point: interpreter, imports
+    "startup_group",  # joining the process group
+    "startup_build",  # building the data, the model, the optimizer; loading a snapshot
+    "startup_preflight",  # the preflight check (trainer.preflight)
+    "data",  # waiting for the next batch
+    "step",  # forward, backward, all-reduce, optimizer: the training itself
+    "checkpoint",  # writing checkpoints, and the ranks waiting for rank 0 to finish one
+    "validation",  # evaluating on the validation set
+)
+GOODPUT_MARKS = ("start", "at", "first_step", "step_reached")

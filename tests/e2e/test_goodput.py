@@ -1,0 +1,102 @@
+"""Goodput of a real 2-rank gloo run under a real server: a rank killed and restarted, a checkpoint every epoch, and a
+stop. The parts must add up to wall time x processes (measured here from the run's own timestamps), and the steps the
+restarted workers took again must be counted lost. One run, shared by the module's tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from app.launcher import processes
+from tests.e2e.runs import FINAL, create, output, wait_status, worker_pid
+from tests.live import LiveServer, run_processes, wait_for
+
+pytestmark = pytest.mark.e2e
+
+# Small batches: about 2,048 steps an epoch per rank, several seconds here, so the kill lands in epoch 2 well after
+# its first checkpoint and the stop in epoch 3.
+OPTIONS: dict[str, Any] = {"workload": "mlp", "epochs": 3, "batch_size": 16, "seed": 3, "checkpoint_every": 1,
+                           "checkpoint_unit": "epoch", "max_restarts": 1}  # fmt: skip
+STEPS_PER_EPOCH = 2048
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    root = tmp_path_factory.mktemp("goodput")
+    live = LiveServer(root, RANKBOARD_STOP_GRACE_S="30", RANKBOARD_SLOTS="2")
+    live.start()
+    yield live
+    live.stop()
+    processes.kill_all(run_processes(root))
+
+
+def step_of(server: LiveServer, run_id: int) -> int:
+    with server.api() as api:
+        return int(api.get(f"/api/runs/{run_id}").json()["step"])
+
+
+@pytest.fixture(scope="module")
+def finished(server: LiveServer) -> dict[str, Any]:
+    """The run, killed once in epoch 2, restarted from the epoch-1 checkpoint, stopped in epoch 3; and its goodput."""
+    with server.api() as api:
+        run = create(api, name="goodput kill and stop", **OPTIONS)
+        run_id = run["id"]
+        wait_for(lambda: step_of(server, run_id) > STEPS_PER_EPOCH + 300, 180, what="epoch 2 well under way")
+        killed_at = step_of(server, run_id)
+        os.kill(worker_pid(server, local_rank=1), signal.SIGKILL)
+        wait_for(lambda: api.get(f"/api/runs/{run_id}").json()["restarts"] == 1, 60, what="the restart")
+        wait_for(lambda: step_of(server, run_id) > 2 * STEPS_PER_EPOCH + 100, 240, what="epoch 3 under way")
+        api.post(f"/api/runs/{run_id}/stop").raise_for_status()
+        done = wait_status(api, run_id, FINAL, timeout=120)
+        assert done["status"] == "stopped", (done["status_reason"], output(server, run_id))
+        goodput = api.get(f"/api/runs/{run_id}/goodput").json()
+        page = api.get(f"/runs/{run_id}").text
+    return {"run": done, "goodput": goodput, "killed_at": killed_at, "page": page}
+
+
+def seconds(goodput: dict[str, Any]) -> dict[str, float]:
+    return {part["name"]: part["seconds"] for part in goodput["parts"]}
+
+
+def test_the_parts_add_up_to_wall_time_times_processes(finished: dict[str, Any]) -> None:
+    run, goodput = finished["run"], finished["goodput"]
+    wall = (datetime.fromisoformat(run["finished_at"]) - datetime.fromisoformat(run["created_at"])).total_seconds()
+    assert goodput["processes"] == 2
+    assert sum(seconds(goodput).values()) == pytest.approx(wall * 2, rel=0.01)
+    assert sum(part["share"] for part in goodput["parts"]) == pytest.approx(1.0, rel=0.001)
+    assert 0 < goodput["goodput"] < 1
+    assert goodput["goodput"] == pytest.approx(seconds(goodput)["training"] / (wall * 2), rel=0.01)
+
+
+def test_each_lost_part_of_this_run_is_named(finished: dict[str, Any]) -> None:
+    parts = seconds(finished["goodput"])
+    # Checkpoints at the ends of epochs 1 and 2 (twice: before and after the restart) and at the stop.
+    for name in ("training", "startup", "checkpoint", "restarts", "repeated", "stopping", "data"):
+        assert parts.get(name, 0) > 0, (name, parts)
+    assert "unitemized" not in parts and "pending" not in parts
+    phases = finished["goodput"]["startup_phases"]
+    assert set(phases) >= {"startup_launch", "startup_group", "startup_build"}
+    assert all(value > 0 for value in phases.values())
+
+
+def test_the_steps_repeated_after_the_restart_are_counted_lost(finished: dict[str, Any]) -> None:
+    # The workers resumed from the checkpoint of step 2048 and took again every step up to where the kill found
+    # them: at least up to the step the server had seen before the kill.
+    repeated = finished["goodput"]["repeated_steps"]
+    assert finished["killed_at"] - STEPS_PER_EPOCH <= repeated < STEPS_PER_EPOCH
+    parts = seconds(finished["goodput"])
+    # Steps are of one size, so their share of the step time is about their share of the steps taken.
+    taken = finished["run"]["step"] + repeated
+    assert parts["repeated"] / (parts["repeated"] + parts["training"]) == pytest.approx(repeated / taken, rel=0.5)
+
+
+def test_the_run_page_shows_the_goodput_bar(finished: dict[str, Any]) -> None:
+    page, goodput = finished["page"], finished["goodput"]
+    assert f"Goodput {100 * goodput['goodput']:.1f}%" in page
+    for part in goodput["parts"]:
+        assert f'class="gp-{part["name"]}"' in page and f'data-part="{part["name"]}"' in page
