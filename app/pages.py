@@ -264,7 +264,7 @@ def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, 
         "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, folders=folders),
         "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
-        "goodput": goodput.run_goodput_now(run), "startup_labels": goodput.STARTUP_PHASES,
+        **goodput.page_context(run, folders=folders),
     }  # fmt: skip
 
 

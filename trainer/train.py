@@ -10,6 +10,7 @@ same step, rank 0 writes a checkpoint, and every process exits 0. A checkpoint t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -33,8 +34,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainer import checkpoints, gpu, report, wire
+from trainer import checkpoints, comm, gpu, preflight, report, wire
 from trainer.checkpoints import CheckpointError, one_line, write_atomically
+from trainer.comm import CommTimer
 from trainer.config import TrainConfig
 from trainer.goodput import LEDGER
 from trainer.workloads import WORKLOADS
@@ -177,6 +179,8 @@ class Trainer:
         policy = checkpoints.Policy(config.keep_last, config.keep_best, config.best_metric)
         self.retention = checkpoints.Retention(Path(config.checkpoint_dir), policy, cluster.say)
         self.model, self.optimizer, self.scheduler = self._build_model()
+        self.comm = CommTimer()  # times each bucket's all-reduce against backward and the optimizer
+        self.comm.attach(self.model)
 
     def _loader(self, dataset: Dataset[Any], sampler: DistributedSampler[int]) -> DataLoader[tuple[Tensor, ...]]:
         # In-memory tensors: worker processes would only add start-up time and copies.
@@ -362,8 +366,15 @@ class Trainer:
                 with self._autocast():
                     outputs = self.model(inputs.to(self.device, non_blocking=True))
                     loss = self.workload.loss(outputs, targets.to(self.device, non_blocking=True))
-                self.scaler.scale(loss / len(micro_batches)).backward()
+                with self.comm.backward():
+                    self.scaler.scale(loss / len(micro_batches)).backward()
             total += loss.detach().float()
+        with self.comm.optimizer():
+            grad_norm = self._apply_gradients()
+        return total / len(micro_batches), grad_norm
+
+    def _apply_gradients(self) -> Tensor:
+        """Unscale, clip (or measure) and apply the gradients; returns their norm before clipping."""
         self.scaler.unscale_(self.optimizer)  # the true gradients, for the norm and the clipping
         parameters = [p for p in self.model.parameters() if p.grad is not None]
         if self.config.grad_clip:
@@ -373,7 +384,7 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
-        return total / len(micro_batches), grad_norm
+        return grad_norm
 
     def _agree(self, loss: Tensor, grad_norm: Tensor) -> bool:
         """Average the loss over the ranks and learn whether any of them was asked to stop: one all_reduce.
@@ -437,12 +448,14 @@ class Trainer:
 
     def _report_rank_times(self) -> None:
         """Gather every rank's step, data-wait and compute times to rank 0, which reports them under each rank."""
-        mine = torch.tensor(self.times.take_ms(), device=self.device)
+        keys = RANK_TIME_KEYS + (comm.KEYS if self.comm.enabled else ())
+        comm_ms = self.comm.take_ms()
+        mine = torch.tensor(self.times.take_ms() + (comm_ms if self.comm.enabled else []), device=self.device)
         gathered = [torch.zeros_like(mine) for _ in range(self.cluster.world_size)]
         dist.all_gather(gathered, mine)
         if self.cluster.is_main:
             for rank, times in enumerate(gathered):
-                report.log(dict(zip(RANK_TIME_KEYS, times.tolist(), strict=True)), step=self.step, rank=rank)
+                report.log(dict(zip(keys, times.tolist(), strict=True)), step=self.step, rank=rank)
 
     def _on_any_rank(self, flag: bool) -> bool:
         """Whether the flag is set on any rank: a collective, so every rank calls it at the same point."""
@@ -572,7 +585,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = StopSignal.install()  # before the slow start-up, so an early SIGTERM is not lost
     LEDGER.switch("startup_group")
     device = init_distributed(cluster, config.pg_timeout_s)
-    LEDGER.switch("startup_build")
     try:
         exit_code = run(config, cluster, device, stop)
         # Every rank is here together: finished, stopped, or failed together. A barrier last: ending on the checkpoint
@@ -584,10 +596,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return exit_code
 
 
+def run_preflight(config: TrainConfig, cluster: Cluster, device: torch.device, run_dir: Path | None) -> bool:
+    """Compare the ranks before the first step (trainer/preflight.py); False when the run must not go on."""
+    with LEDGER.within("startup_preflight"):
+        result = preflight.check(device, cluster.rank, cluster.world_size, os.environ)
+    refused = config.preflight == "refuse" and not result.ok
+    if cluster.is_main:
+        for m in result.mismatches:
+            cluster.say(f"preflight: rank {m.rank} has {m.field} {m.value}, the others {m.common}", error=True)
+        for rank in result.slow_ranks:
+            cluster.say(f"preflight: rank {rank}'s all-reduce runs at {result.bus_gbps[rank]:.2f} GB/s, far below "
+                        f"the others", error=True)  # fmt: skip
+        preflight.keep(dataclasses.replace(result, refused=refused), run_dir)
+    if refused:
+        cluster.say("preflight refused the run (preflight=refuse): the ranks differ; see rank 0's output", error=True)
+    return not refused
+
+
 def run(config: TrainConfig, cluster: Cluster, device: torch.device, stop: StopSignal) -> int:
     """Train in the joined process group; returns 1, after saying why, when a checkpoint failed every rank."""
     cluster.say(f"started: pid {os.getpid()}, {cluster.world_size} ranks, {dist.get_backend()} on {device}")
     run_dir = os.environ.get(wire.ENV_RUN_DIR)
+    if config.preflight != "off" and not run_preflight(config, cluster, device, Path(run_dir) if run_dir else None):
+        return 1
+    LEDGER.switch("startup_build")
     try:
         Trainer(config, cluster, device, stop, Path(run_dir) if run_dir else None).train()
     except CheckpointError as error:

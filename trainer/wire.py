@@ -314,3 +314,60 @@ GOODPUT_PARTS = (
     "validation",  # evaluating on the validation set
 )
 GOODPUT_MARKS = ("start", "at", "first_step", "step_reached")
+
+
+# Preflight (trainer/preflight.py): before the first step, each launch's rank 0 leaves this in the run folder.
+PREFLIGHT_FILE = "preflight.json"
+PREFLIGHT_MODES = ("warn", "refuse", "off")  # refuse: a mismatch or a slow rank stops the run before training
+PREFLIGHT_FIELDS = ("python", "torch", "cuda", "nccl", "driver", "gpu")
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One rank's value of a fingerprint field that differs from the most common one."""
+
+    field: str
+    rank: int
+    value: str
+    common: str
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """Every rank's fingerprint and all-reduce bus bandwidth (GB/s; None with one rank), and what stands out."""
+
+    fingerprints: list[dict[str, str]]
+    bus_gbps: list[float | None]
+    bytes: int
+    mismatches: list[Mismatch]
+    slow_ranks: list[int]
+    seconds: float
+    at: float  # unix time
+    refused: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and not self.slow_ranks
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: Any) -> Preflight:
+        """Read a decoded preflight file; raises ValueError when it is not one."""
+        try:
+            return cls(
+                fingerprints=[{str(k): str(v) for k, v in p.items()} for p in body["fingerprints"]],
+                bus_gbps=[None if s is None else float(s) for s in body["bus_gbps"]],
+                bytes=int(body["bytes"]),
+                mismatches=[
+                    Mismatch(str(m["field"]), int(m["rank"]), str(m["value"]), str(m["common"]))
+                    for m in body["mismatches"]
+                ],
+                slow_ranks=[int(r) for r in body["slow_ranks"]],
+                seconds=float(body["seconds"]),
+                at=float(body["at"]),
+                refused=bool(body.get("refused", False)),
+            )
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            raise ValueError(f"not a preflight result: {type(error).__name__}: {error}") from None

@@ -1,4 +1,5 @@
-"""Goodput: what share of the time a run held its processes went into training, and where the rest went."""
+"""Goodput: what share of the time a run held its processes went into training, and where the rest went; and how
+much of each step waits on communication."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api import documented
-from app.deps import SessionDep
+from app.deps import FoldersDep, SessionDep
 from app.errors import RunNotFound
 from app.params import RunId
-from app.services import goodput
+from app.services import comm, goodput, preflight
+from trainer import wire
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
@@ -30,3 +32,15 @@ def run_goodput(run_id: RunId, db: SessionDep) -> goodput.Goodput:
             summary="Goodput of a set of runs: the last hours, a name prefix (500 newest at most)")  # fmt: skip
 def goodput_summary(db: SessionDep, since_hours: SinceHours = None, name_prefix: NamePrefix = "") -> goodput.Goodput:
     return goodput.summary(db, since_hours=since_hours, name_prefix=name_prefix)
+
+
+@router.get("/runs/{run_id}/comm", response_model=comm.CommShare | None, responses=documented(RunNotFound),
+            summary="How much of each step waits on the gradient all-reduce (null: no timings reported)")  # fmt: skip
+def run_comm(run_id: RunId, db: SessionDep) -> comm.CommShare | None:
+    return comm.comm_share_of(db, run_id=run_id)
+
+
+@router.get("/runs/{run_id}/preflight", response_model=wire.Preflight | None, responses=documented(RunNotFound),
+            summary="The ranks' software and all-reduce bandwidth, compared before training (null: none)")  # fmt: skip
+def run_preflight(run_id: RunId, db: SessionDep, folders: FoldersDep) -> wire.Preflight | None:
+    return preflight.preflight_of(db, run_id=run_id, folders=folders)

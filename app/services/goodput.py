@@ -21,12 +21,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.orm import Session, object_session
 
 from app.errors import RunNotFound
+from app.folders import RunFolders
 from app.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
-from app.services import health
+from app.services import comm, health, preflight
 from app.store import goodput as goodput_store
 from app.store import runs as run_store
 from trainer import wire
@@ -52,6 +54,7 @@ STARTUP_PHASES = {
     "startup_build": "data, model and snapshot",
     "startup_preflight": "preflight check",
 }
+STEP_KEY = "loss"  # the built-in trainer logs it at every step, from rank 0
 SKEW_S = 60.0  # how far a node's clock may be from the server's for a process to count in a launch window
 SUMMARY_LIMIT = 500
 
@@ -109,7 +112,12 @@ class _Segment:
 def run_goodput(db: Session, *, run: Run, now: datetime | None = None) -> Goodput:
     """The goodput of `run` as of `now` (its end, once final)."""
     ledgers = _ledgers(goodput_store.latest_ledger_values(db, run_id=run.id))
-    return compute(run, list(run.events), ledgers, now=now or utcnow())
+    # A killed process's last ledger report may be up to GOODPUT_REPORT_S old: the loss it logged at every step
+    # says how far it really got before its successor started.
+    starts = sorted({min(lg.start for lg in ledgers if lg.attempt == a) for a in {lg.attempt for lg in ledgers}})
+    reached = {start: goodput_store.highest_step_before(db, run_id=run.id, key=STEP_KEY, before=start)
+               for start in starts[1:]}  # fmt: skip
+    return compute(run, list(run.events), ledgers, now=now or utcnow(), reached_before=reached)
 
 
 def goodput_of(db: Session, *, run_id: int) -> Goodput:
@@ -126,6 +134,12 @@ def run_goodput_now(run: Run) -> Goodput | None:
     return None if db is None else run_goodput(db, run=run)
 
 
+def page_context(run: Run, *, folders: RunFolders) -> dict[str, Any]:
+    """What the run page shows of what the GPUs bought: goodput, communication share, preflight."""
+    return {"goodput": run_goodput_now(run), "startup_labels": STARTUP_PHASES, "comm": comm.comm_share_now(run),
+            "preflight": preflight.read(run, folders=folders)}  # fmt: skip
+
+
 def summary(db: Session, *, since_hours: float | None, name_prefix: str) -> Goodput:
     """The goodput of the runs created in the last `since_hours` (all if None) whose names start with the prefix."""
     now = utcnow()
@@ -134,13 +148,17 @@ def summary(db: Session, *, since_hours: float | None, name_prefix: str) -> Good
     return combine([run_goodput(db, run=run, now=now) for run in runs])
 
 
-def compute(run: Run, events: list[RunEvent], ledgers: list[_Ledger], *, now: datetime) -> Goodput:
-    """Lay every rank's ledgers on the run's lifecycle; pure, so that it can be checked by hand."""
+def compute(
+    run: Run, events: list[RunEvent], ledgers: list[_Ledger], *, now: datetime,
+    reached_before: dict[float, int] | None = None,
+) -> Goodput:  # fmt: skip
+    """Lay every rank's ledgers on the run's lifecycle; pure, so that it can be checked by hand. `reached_before`:
+    the highest step taken before each of these unix times (a process incarnation's start), besides the ledgers'."""
     processes = run.nproc_per_node * (run.slurm_nodes if run.launcher == "slurm" else 1)
     ranks = max([processes, *(ledger.rank + 1 for ledger in ledgers)])
     segments = _segments(run, events, now=now.timestamp())
     stalls = _stalls(events, now=now.timestamp())
-    repeated = _repeated_steps(ledgers)
+    repeated = _repeated_steps(ledgers, reached_before or {})
     seconds: dict[str, float] = defaultdict(float)
     by_rank: dict[int, list[_Ledger]] = defaultdict(list)
     for ledger in ledgers:
@@ -237,7 +255,7 @@ def _stalls(events: list[RunEvent], *, now: float) -> list[tuple[float, float]]:
     return episodes
 
 
-def _repeated_steps(ledgers: list[_Ledger]) -> dict[str, int]:
+def _repeated_steps(ledgers: list[_Ledger], reached_before: dict[float, int]) -> dict[str, int]:
     """Per process incarnation, how many of its steps an earlier one had already taken (lost to a restart)."""
     first_seen: dict[str, float] = {}
     reached: dict[str, float] = defaultdict(float)
@@ -249,6 +267,7 @@ def _repeated_steps(ledgers: list[_Ledger]) -> dict[str, int]:
     repeated: dict[str, int] = {}
     high = 0.0
     for attempt in sorted(first_seen, key=first_seen.__getitem__):
+        high = max(high, reached_before.get(first_seen[attempt], 0))
         repeated[attempt] = int(max(0.0, min(high, reached[attempt]) - began[attempt]))
         high = max(high, reached[attempt])
     return repeated

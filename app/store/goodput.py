@@ -40,6 +40,16 @@ def latest_ledger_values(db: Session, *, run_id: int) -> list[tuple[str, int, fl
     return [(key, rank, value) for key, rank, value in db.execute(query)]
 
 
+def highest_step_before(db: Session, *, run_id: int, key: str, before: float) -> int:
+    """The highest step of the run's `key` series logged before the unix time `before` (0 if none)."""
+    query = (
+        select(func.max(POINTS.c.step))
+        .join(SERIES, SERIES.c.id == POINTS.c.series_id)
+        .where(SERIES.c.run_id == run_id, SERIES.c.key == key, POINTS.c.time < before)
+    )
+    return int(db.scalar(query) or 0)
+
+
 def runs_for_summary(db: Session, *, since: datetime | None, name_prefix: str, limit: int) -> Sequence[Run]:
     """Runs created at or after `since` whose name starts with `name_prefix`, newest first, at most `limit`."""
     query = select(Run)

@@ -428,6 +428,9 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/api/runs/{run_id}/health": api_health,
     "/api/runs/{run_id}/goodput": api_goodput,
     "/api/goodput": goodput_summary,
+    # The walk's runs report step times but no communication timings (as a user's script would not).
+    "/api/runs/{run_id}/comm": holds(lambda answer: answer.json() is None),
+    "/api/runs/{run_id}/preflight": holds(lambda answer: answer.json() is None),  # no trainer ran: no preflight
     "/api/runs/{run_id}/metrics": metric_keys,
     "/api/runs/{run_id}/metrics/{key}": series,
     "/api/runs/{run_id}/chart": chart,

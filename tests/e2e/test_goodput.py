@@ -23,12 +23,14 @@ pytestmark = pytest.mark.e2e
 OPTIONS: dict[str, Any] = {"workload": "mlp", "epochs": 3, "batch_size": 16, "seed": 3, "checkpoint_every": 1,
                            "checkpoint_unit": "epoch", "max_restarts": 1}  # fmt: skip
 STEPS_PER_EPOCH = 2048
+ODD_GPU = "1:gpu=NVIDIA H100 80GB HBM3"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("goodput")
-    live = LiveServer(root, RANKBOARD_STOP_GRACE_S="30", RANKBOARD_SLOTS="2")
+    # Rank 1 claims another GPU: preflight (in its default "warn" mode) names it, and the run goes on.
+    live = LiveServer(root, RANKBOARD_STOP_GRACE_S="30", RANKBOARD_SLOTS="2", RANKBOARD_PREFLIGHT_OVERRIDE=ODD_GPU)
     live.start()
     yield live
     live.stop()
@@ -56,7 +58,18 @@ def finished(server: LiveServer) -> dict[str, Any]:
         assert done["status"] == "stopped", (done["status_reason"], output(server, run_id))
         goodput = api.get(f"/api/runs/{run_id}/goodput").json()
         page = api.get(f"/runs/{run_id}").text
-    return {"run": done, "goodput": goodput, "killed_at": killed_at, "page": page}
+        comm = api.get(f"/api/runs/{run_id}/comm").json()
+        checked = api.get(f"/api/runs/{run_id}/preflight").json()
+        exposed = api.get(f"/api/runs/{run_id}/metrics/rank/comm_ms", params={"limit": 100_000}).json()["points"]
+    return {
+        "run": done,
+        "goodput": goodput,
+        "killed_at": killed_at,
+        "page": page,
+        "comm": comm,
+        "exposed": exposed,
+        "preflight": checked,
+    }
 
 
 def seconds(goodput: dict[str, Any]) -> dict[str, float]:
@@ -100,3 +113,23 @@ def test_the_run_page_shows_the_goodput_bar(finished: dict[str, Any]) -> None:
     assert f"Goodput {100 * goodput['goodput']:.1f}%" in page
     for part in goodput["parts"]:
         assert f'class="gp-{part["name"]}"' in page and f'data-part="{part["name"]}"' in page
+
+
+def test_each_ranks_exposed_all_reduce_is_reported_and_summed_up_in_a_sentence(finished: dict[str, Any]) -> None:
+    assert {point["rank"] for point in finished["exposed"]} == {0, 1}
+    assert all(point["value"] >= 0 for point in finished["exposed"])
+    comm = finished["comm"]
+    assert comm["ranks"] == 2 and comm["buckets"] == 1 and 0 < comm["share"] < 1
+    assert comm["comm_ms"] <= comm["allreduce_ms"] and comm["step_ms"] > comm["comm_ms"]
+    sentence = f"{comm['share']:.0%} of each step waits on all-reduce ({comm['comm_ms']:.1f} ms exposed"
+    assert sentence in finished["page"] and 'id="comm-box"' in finished["page"]
+
+
+def test_preflight_named_the_rank_that_claims_another_gpu_and_kept_the_bandwidth(finished: dict[str, Any]) -> None:
+    checked = finished["preflight"]
+    assert checked["mismatches"] == [{"field": "gpu", "rank": 1, "value": "NVIDIA H100 80GB HBM3", "common": "none"}]
+    assert not checked["refused"] and len(checked["fingerprints"]) == 2
+    assert all(speed > 0 for speed in checked["bus_gbps"]) and checked["bytes"] == 4 * 2**20
+    assert '<li data-rank="1">Rank 1 has gpu <code>NVIDIA H100 80GB HBM3</code>' in finished["page"]
+    # The check ran in each launch (the first, and the restart), inside start-up: goodput counts it there.
+    assert finished["goodput"]["startup_phases"]["startup_preflight"] > 0
