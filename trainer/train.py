@@ -414,6 +414,8 @@ class Trainer:
         }
         if self.workload.tokens_per_sample:
             metrics["tokens_per_s"] = samples_per_s * self.workload.tokens_per_sample
+        if self.step == self.first_step + 1 and self.workload.flops_per_sample:  # once a launch: for MFU
+            metrics[wire.MODEL_FLOPS_KEY] = self.workload.flops_per_sample
         report.log(metrics, step=self.step)
         report.progress(self._progress(samples_per_s))
 

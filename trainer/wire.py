@@ -371,3 +371,9 @@ class Preflight:
             )
         except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise ValueError(f"not a preflight result: {type(error).__name__}: {error}") from None
+
+
+# A run's model FLOPs per training sample (forward and backward), logged once under this key at any step; with the
+# run's samples/s it gives the FLOP/s achieved, and on a GPU model FLOPs utilization. The built-in trainer logs it
+# at its first step; a script can too: `report.log({wire.MODEL_FLOPS_KEY: flops}, step=0)`.
+MODEL_FLOPS_KEY = "model_flops_per_sample"

@@ -11,7 +11,7 @@ from app.api import documented
 from app.deps import FoldersDep, SessionDep
 from app.errors import RunNotFound
 from app.params import RunId
-from app.services import comm, goodput, preflight
+from app.services import comm, goodput, mfu, preflight
 from trainer import wire
 
 router = APIRouter(prefix="/api", tags=["runs"])
@@ -44,3 +44,9 @@ def run_comm(run_id: RunId, db: SessionDep) -> comm.CommShare | None:
             summary="The ranks' software and all-reduce bandwidth, compared before training (null: none)")  # fmt: skip
 def run_preflight(run_id: RunId, db: SessionDep, folders: FoldersDep) -> wire.Preflight | None:
     return preflight.preflight_of(db, run_id=run_id, folders=folders)
+
+
+@router.get("/runs/{run_id}/mfu", response_model=mfu.Mfu | None, responses=documented(RunNotFound),
+            summary="Model FLOP/s achieved, and MFU against the GPU peak (null: no model FLOPs reported)")  # fmt: skip
+def run_mfu(run_id: RunId, db: SessionDep) -> mfu.Mfu | None:
+    return mfu.mfu_of(db, run_id=run_id)

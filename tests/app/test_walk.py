@@ -431,6 +431,7 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     # The walk's runs report step times but no communication timings (as a user's script would not).
     "/api/runs/{run_id}/comm": holds(lambda answer: answer.json() is None),
     "/api/runs/{run_id}/preflight": holds(lambda answer: answer.json() is None),  # no trainer ran: no preflight
+    "/api/runs/{run_id}/mfu": holds(lambda answer: answer.json() is None),  # nor reported model FLOPs
     "/api/runs/{run_id}/metrics": metric_keys,
     "/api/runs/{run_id}/metrics/{key}": series,
     "/api/runs/{run_id}/chart": chart,

@@ -60,6 +60,7 @@ def finished(server: LiveServer) -> dict[str, Any]:
         page = api.get(f"/runs/{run_id}").text
         comm = api.get(f"/api/runs/{run_id}/comm").json()
         checked = api.get(f"/api/runs/{run_id}/preflight").json()
+        flops = api.get(f"/api/runs/{run_id}/mfu").json()
         exposed = api.get(f"/api/runs/{run_id}/metrics/rank/comm_ms", params={"limit": 100_000}).json()["points"]
     return {
         "run": done,
@@ -69,6 +70,7 @@ def finished(server: LiveServer) -> dict[str, Any]:
         "comm": comm,
         "exposed": exposed,
         "preflight": checked,
+        "mfu": flops,
     }
 
 
@@ -133,3 +135,11 @@ def test_preflight_named_the_rank_that_claims_another_gpu_and_kept_the_bandwidth
     assert '<li data-rank="1">Rank 1 has gpu <code>NVIDIA H100 80GB HBM3</code>' in finished["page"]
     # The check ran in each launch (the first, and the restart), inside start-up: goodput counts it there.
     assert finished["goodput"]["startup_phases"]["startup_preflight"] > 0
+
+
+def test_the_model_flops_are_reported_and_without_a_gpu_there_is_no_mfu(finished: dict[str, Any]) -> None:
+    flops, run = finished["mfu"], finished["run"]
+    assert flops["flops_per_sample"] == 6 * (32 * 256 + 256 * 256 + 256 * 10)
+    assert flops["achieved_tflops"] == pytest.approx(flops["flops_per_sample"] * run["samples_per_s"] / 1e12)
+    assert flops["gpu"] is None and flops["mfu"] is None and flops["processes"] == 2
+    assert "no GPU, so no MFU" in finished["page"]
