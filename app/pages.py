@@ -18,6 +18,7 @@ from app.models import Run, RunStatus
 from app.params import After, CheckpointNames, FromRun, InitFrom, LastEventId, PageNumber, RunId, SharedPath
 from app.schemas import RunCreate
 from app.services import alerts, checkpoints, files, goodput, health, host, metrics, run_charts, runs, storage
+from app.services.sweeps import start_sweep as queue_sweep
 from app.settings import Settings
 from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
@@ -157,6 +158,20 @@ def stop_run(
 def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> Response:
     runs.resume_run(db, run_id=run_id, folders=folders, actor=caller.name)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
+
+
+@router.post("/runs/{run_id}/sweep")
+def start_sweep(
+    run_id: RunId,
+    db: SessionDep,
+    settings: SettingsDep,
+    folders: FoldersDep,
+    launchers: LaunchersDep,
+    caller: CallerDep,
+) -> Response:
+    queue_sweep(db, run_id=run_id, settings=settings, folders=folders, launchers=launchers,
+                               actor=caller.name)  # fmt: skip
+    return RedirectResponse(f"/runs/{run_id}#sweep", status_code=303)
 
 
 @router.delete("/runs/{run_id}/checkpoints", response_class=HTMLResponse)

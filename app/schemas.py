@@ -247,6 +247,7 @@ class RunOut(BaseModel):
     max_restarts: int
     pg_timeout_s: int
     preflight: str
+    sweep_of: int | None = Field(description="The run whose scaling sweep this run is part of.")
     nccl_env: dict[str, str] | None
     script: str | None
     script_args: list[str] | None

@@ -8,10 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api import documented
-from app.deps import FoldersDep, SessionDep
-from app.errors import RunNotFound
+from app.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
+from app.errors import FieldInvalid, RunNotFound
 from app.params import RunId
-from app.services import comm, goodput, mfu, preflight
+from app.services import comm, goodput, mfu, preflight, sweeps
 from trainer import wire
 
 router = APIRouter(prefix="/api", tags=["runs"])
@@ -50,3 +50,24 @@ def run_preflight(run_id: RunId, db: SessionDep, folders: FoldersDep) -> wire.Pr
             summary="Model FLOP/s achieved, and MFU against the GPU peak (null: no model FLOPs reported)")  # fmt: skip
 def run_mfu(run_id: RunId, db: SessionDep) -> mfu.Mfu | None:
     return mfu.mfu_of(db, run_id=run_id)
+
+
+@router.post("/runs/{run_id}/sweep", status_code=202, response_model=sweeps.Sweep,
+             responses=documented(RunNotFound, FieldInvalid),
+             summary="Queue the run's config at 1, 2, 4, ... processes for an epoch each: a scaling sweep")  # fmt: skip
+def start_sweep(
+    run_id: RunId,
+    db: SessionDep,
+    settings: SettingsDep,
+    folders: FoldersDep,
+    launchers: LaunchersDep,
+    caller: CallerDep,
+) -> sweeps.Sweep:
+    return sweeps.start_sweep(db, run_id=run_id, settings=settings, folders=folders, launchers=launchers,
+                              actor=caller.name)  # fmt: skip
+
+
+@router.get("/runs/{run_id}/sweep", response_model=sweeps.Sweep, responses=documented(RunNotFound),
+            summary="The run's scaling sweep: throughput, speed-up and efficiency at each size")  # fmt: skip
+def run_sweep(run_id: RunId, db: SessionDep) -> sweeps.Sweep:
+    return sweeps.sweep_of(db, run_id=run_id)

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, object_session
 from app.errors import RunNotFound
 from app.folders import RunFolders
 from app.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
-from app.services import comm, health, mfu, preflight
+from app.services import comm, health, mfu, preflight, sweeps
 from app.store import goodput as goodput_store
 from app.store import runs as run_store
 from trainer import wire
@@ -137,7 +137,8 @@ def run_goodput_now(run: Run) -> Goodput | None:
 def page_context(run: Run, *, folders: RunFolders) -> dict[str, Any]:
     """What the run page shows of what the GPUs bought: goodput, communication share, preflight, MFU."""
     return {"goodput": run_goodput_now(run), "startup_labels": STARTUP_PHASES, "comm": comm.comm_share_now(run),
-            "preflight": preflight.read(run, folders=folders), "mfu": mfu.run_mfu_now(run)}  # fmt: skip
+            "preflight": preflight.read(run, folders=folders), "mfu": mfu.run_mfu_now(run),
+            "sweep": sweeps.sweep_now(run)}  # fmt: skip
 
 
 def summary(db: Session, *, since_hours: float | None, name_prefix: str) -> Goodput:

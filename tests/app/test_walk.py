@@ -432,6 +432,7 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/api/runs/{run_id}/comm": holds(lambda answer: answer.json() is None),
     "/api/runs/{run_id}/preflight": holds(lambda answer: answer.json() is None),  # no trainer ran: no preflight
     "/api/runs/{run_id}/mfu": holds(lambda answer: answer.json() is None),  # nor reported model FLOPs
+    "/api/runs/{run_id}/sweep": holds(lambda answer: answer.json() == {"run_id": answer.seeded.id, "rows": []}),
     "/api/runs/{run_id}/metrics": metric_keys,
     "/api/runs/{run_id}/metrics/{key}": series,
     "/api/runs/{run_id}/chart": chart,

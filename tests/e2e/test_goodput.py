@@ -19,8 +19,8 @@ from tests.live import LiveServer, run_processes, wait_for
 pytestmark = pytest.mark.e2e
 
 # Small batches: about 2,048 steps an epoch per rank, several seconds here, so the kill lands in epoch 2 well after
-# its first checkpoint and the stop in epoch 3.
-OPTIONS: dict[str, Any] = {"workload": "mlp", "epochs": 3, "batch_size": 16, "seed": 3, "checkpoint_every": 1,
+# its first checkpoint, and the stop later in the same epoch, after the restart.
+OPTIONS: dict[str, Any] = {"workload": "mlp", "epochs": 2, "batch_size": 16, "seed": 3, "checkpoint_every": 1,
                            "checkpoint_unit": "epoch", "max_restarts": 1}  # fmt: skip
 STEPS_PER_EPOCH = 2048
 ODD_GPU = "1:gpu=NVIDIA H100 80GB HBM3"
@@ -44,7 +44,7 @@ def step_of(server: LiveServer, run_id: int) -> int:
 
 @pytest.fixture(scope="module")
 def finished(server: LiveServer) -> dict[str, Any]:
-    """The run, killed once in epoch 2, restarted from the epoch-1 checkpoint, stopped in epoch 3; and its goodput."""
+    """The run, killed once in epoch 2, restarted from the epoch-1 checkpoint, stopped later in epoch 2; its goodput."""
     with server.api() as api:
         run = create(api, name="goodput kill and stop", **OPTIONS)
         run_id = run["id"]
@@ -52,7 +52,7 @@ def finished(server: LiveServer) -> dict[str, Any]:
         killed_at = step_of(server, run_id)
         os.kill(worker_pid(server, local_rank=1), signal.SIGKILL)
         wait_for(lambda: api.get(f"/api/runs/{run_id}").json()["restarts"] == 1, 60, what="the restart")
-        wait_for(lambda: step_of(server, run_id) > 2 * STEPS_PER_EPOCH + 100, 240, what="epoch 3 under way")
+        wait_for(lambda: step_of(server, run_id) > killed_at + 300, 240, what="the restarted workers past the kill")
         api.post(f"/api/runs/{run_id}/stop").raise_for_status()
         done = wait_status(api, run_id, FINAL, timeout=120)
         assert done["status"] == "stopped", (done["status_reason"], output(server, run_id))
@@ -90,7 +90,7 @@ def test_the_parts_add_up_to_wall_time_times_processes(finished: dict[str, Any])
 
 def test_each_lost_part_of_this_run_is_named(finished: dict[str, Any]) -> None:
     parts = seconds(finished["goodput"])
-    # Checkpoints at the ends of epochs 1 and 2 (twice: before and after the restart) and at the stop.
+    # Checkpoints at the end of epoch 1 and at the stop.
     for name in ("training", "startup", "checkpoint", "restarts", "repeated", "stopping", "data"):
         assert parts.get(name, 0) > 0, (name, parts)
     assert "unitemized" not in parts and "pending" not in parts
@@ -143,3 +143,26 @@ def test_the_model_flops_are_reported_and_without_a_gpu_there_is_no_mfu(finished
     assert flops["achieved_tflops"] == pytest.approx(flops["flops_per_sample"] * run["samples_per_s"] / 1e12)
     assert flops["gpu"] is None and flops["mfu"] is None and flops["processes"] == 2
     assert "no GPU, so no MFU" in finished["page"]
+
+
+def test_a_scaling_sweep_of_1_and_2_processes_completes_with_speedup_from_the_stored_throughput(
+    server: LiveServer, finished: dict[str, Any]
+) -> None:
+    with server.api() as api:
+        origin = create(api, name="sweep origin", workload="mlp", epochs=3, batch_size=512)
+        api.post(f"/api/runs/{origin['id']}/stop").raise_for_status()  # never started: the sweep needs only its config
+        started = api.post(f"/api/runs/{origin['id']}/sweep")
+        assert started.status_code == 202, started.text
+        assert [row["processes"] for row in started.json()["rows"]] == [1, 2]  # the server's 2 slots
+        ids = [row["run_id"] for row in started.json()["rows"]]
+        done = [wait_status(api, run_id, FINAL, timeout=240) for run_id in ids]
+        assert [run["status"] for run in done] == ["succeeded", "succeeded"], [r["status_reason"] for r in done]
+        assert [(run["epochs"], run["batch_size"], run["sweep_of"]) for run in done] == [(1, 512, origin["id"])] * 2
+        rows = api.get(f"/api/runs/{origin['id']}/sweep").json()["rows"]
+        page = api.get(f"/runs/{origin['id']}").text
+    one, two = done[0]["samples_per_s"], done[1]["samples_per_s"]
+    assert [row["samples_per_s"] for row in rows] == [one, two]
+    assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] == pytest.approx(two / one)
+    assert rows[1]["efficiency"] == pytest.approx(two / one / 2)
+    assert all(row["comm_share"] is not None for row in rows[1:])  # a single process all-reduces nothing to wait for
+    assert f"<td>{two / one:.2f}x</td>" in page and '<tr data-processes="2">' in page
