@@ -10,7 +10,13 @@
 3. The preflight check's duration on 2 ranks (fingerprints all-gathered, 4 MiB all-reduce x 6), as each of those
    runs recorded it in preflight.json, and the bus bandwidth it measured.
 
-Last measured: see the figures printed at the end of the module's docstring in the commit that changed them.
+Last measured (2026-11-23, this 2-core machine under a load average of 5-8 from other work, CPU, gloo, torch 2.13;
+2-rank mlp, batch 64, 2 epochs, 5 alternated pairs):
+    goodput ledger: 0.72 us per step, against a 6-13 ms step of this run here: < 0.02%.
+    comm hook on 88.2 vs off 85.9 steps/s (median paired difference +7.3%; on 74.1-112.9, off 69.8-123.9):
+      no cost measurable under this noise; the hook adds a Python call and a future callback per bucket (1 here).
+    preflight on 2 ranks: median 0.070 s (0.049-0.102, 10 runs); bus bandwidth median 0.60 GB/s (0.21-0.95).
+A quiet machine would narrow the hook's figure; the ledger's does not depend on it.
 """
 
 from __future__ import annotations
