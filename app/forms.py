@@ -47,6 +47,7 @@ LABELS = {
     "sync_batchnorm": "SyncBatchNorm",
     "bucket_cap_mb": "DDP bucket size (MiB)",
     "pg_timeout_s": "Process-group timeout (s)",
+    "preflight": "Preflight check",
     "nccl_env": "NCCL environment",
     "script": "Your own script",
     "script_args": "Script arguments",

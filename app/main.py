@@ -20,6 +20,7 @@ from app.api import charts as charts_api
 from app.api import exposition, guarded, health
 from app.api import files as files_api
 from app.api import forensics as forensics_api
+from app.api import goodput as goodput_api
 from app.api import host as host_api
 from app.api import run_records as run_records_api
 from app.api import runs as runs_api
@@ -102,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(runs_api.router, responses=guarded())
     app.include_router(run_records_api.router, responses=guarded())
     app.include_router(forensics_api.router, responses=guarded())
+    app.include_router(goodput_api.router, responses=guarded())
     app.include_router(charts_api.router, responses=guarded())
     app.include_router(files_api.router, responses=guarded())
     app.include_router(logs_pages.router, responses=guarded())  # the run page's log panel and the logs API

@@ -119,6 +119,8 @@ class Run(Base):
     checkpoint_unit: Mapped[str] = mapped_column(String(8), default="epoch")
     max_restarts: Mapped[int] = mapped_column(Integer, default=0)
     pg_timeout_s: Mapped[int] = mapped_column(Integer, default=60)
+    preflight: Mapped[str] = mapped_column(String(8), default="warn")  # one of wire.PREFLIGHT_MODES
+    sweep_of: Mapped[int | None] = mapped_column(Integer, index=True)  # the run whose scaling sweep this run is part of
     nccl_env: Mapped[dict[str, str] | None] = mapped_column(JSON)
     # A run of the user's own script: a path relative to an allowed root, and its arguments; workload is "script".
     script: Mapped[str | None] = mapped_column(String(1000))

@@ -32,9 +32,22 @@ from app.params import (
     Sort,
 )
 from app.schemas import RunCreate
-from app.services import alerts, checkpoints, files, health, host, metrics, run_charts, run_records, runs, storage
+from app.services import (
+    alerts,
+    checkpoints,
+    files,
+    goodput,
+    health,
+    host,
+    metrics,
+    run_charts,
+    run_records,
+    runs,
+    storage,
+)
 from app.services import findings as found
 from app.services import forensics as dumps
+from app.services.sweeps import start_sweep as queue_sweep
 from app.settings import Settings
 from app.stream import Fragments, Snapshot, run_events
 from app.templating import render_block
@@ -209,6 +222,20 @@ def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep, caller: Calle
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
+@router.post("/runs/{run_id}/sweep")
+def start_sweep(
+    run_id: RunId,
+    db: SessionDep,
+    settings: SettingsDep,
+    folders: FoldersDep,
+    launchers: LaunchersDep,
+    caller: CallerDep,
+) -> Response:
+    queue_sweep(db, run_id=run_id, settings=settings, folders=folders, launchers=launchers,
+                               actor=caller.name)  # fmt: skip
+    return RedirectResponse(f"/runs/{run_id}#sweep", status_code=303)
+
+
 @router.delete("/runs/{run_id}/checkpoints", response_class=HTMLResponse)
 def delete_checkpoints(
     request: Request,
@@ -316,6 +343,7 @@ def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, 
         "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
         "dump": dumps.latest_dump(run, folders=folders, world_size=runs.world_size(run, settings)),
         "findings": found.loaded_run_findings(run),
+        **goodput.page_context(run, folders=folders),
     }  # fmt: skip
 
 

@@ -60,6 +60,9 @@ PrecisionName = Annotated[str, _one_of(wire.PRECISIONS), Field(json_schema_extra
 UnitName = Annotated[
     str, _one_of(wire.CHECKPOINT_UNITS), Field(json_schema_extra={"enum": list(wire.CHECKPOINT_UNITS)})
 ]
+PreflightMode = Annotated[
+    str, _one_of(wire.PREFLIGHT_MODES), Field(json_schema_extra={"enum": list(wire.PREFLIGHT_MODES)})
+]
 
 
 def _nccl_env(env: dict[str, str]) -> dict[str, str]:
@@ -158,6 +161,11 @@ class RunCreate(BaseModel):
     )
     pg_timeout_s: int = Field(
         default=60, ge=5, le=86_400, description="Seconds a collective waits for a dead or hung rank before failing."
+    )
+    preflight: PreflightMode = Field(
+        default="warn",
+        description="Before the first step, compare the ranks' software versions and GPUs and time an all-reduce; "
+        "refuse: stop the run when a rank differs or is far slower.",
     )
     sync_batchnorm: bool = Field(default=False, description="BatchNorm statistics over all ranks (CUDA only).")
     find_unused_parameters: bool = Field(
@@ -263,6 +271,8 @@ class RunOut(BaseModel):
     checkpoint_unit: str
     max_restarts: int
     pg_timeout_s: int
+    preflight: str
+    sweep_of: int | None = Field(description="The run whose scaling sweep this run is part of.")
     nccl_env: dict[str, str] | None
     script: str | None
     script_args: list[str] | None

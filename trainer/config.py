@@ -84,6 +84,13 @@ class TrainConfig:
         default=False,
         metadata={"help": "with init-from, also take its optimizer state (AdamW moments), not only its weights"},
     )
+    preflight: str = field(
+        default="warn",
+        metadata={
+            "help": f"before the first step, compare the ranks' software and all-reduce speed: one of "
+            f"{list(wire.PREFLIGHT_MODES)} (refuse: stop the run on a mismatch or a slow rank)"
+        },
+    )
     resume: bool = field(
         default=True,
         metadata={"help": "continue exactly from the newest step-*.pt in checkpoint-dir, if there is one"},
@@ -120,6 +127,7 @@ class TrainConfig:
         _check_int("val_every", self.val_every, 0, math.inf)
         _check_int("checkpoint_every", self.checkpoint_every, 1, 100_000)
         _check_choice("checkpoint_unit", self.checkpoint_unit, wire.CHECKPOINT_UNITS)
+        _check_choice("preflight", self.preflight, wire.PREFLIGHT_MODES)
         _check_int("seed", self.seed, 0, math.inf)
         _check_int("pg_timeout_s", self.pg_timeout_s, 5, 86_400)
         _check_int("fingerprint_every", self.fingerprint_every, 0, math.inf)

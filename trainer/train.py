@@ -10,6 +10,7 @@ same step, rank 0 writes a checkpoint, and every process exits 0. A checkpoint t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import math
@@ -33,9 +34,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainer import checkpoints, forensics, gpu, report, watch, wire
+from trainer import checkpoints, comm, forensics, gpu, preflight, report, watch, wire
 from trainer.checkpoints import CheckpointError, one_line, write_atomically
+from trainer.comm import CommTimer
 from trainer.config import TrainConfig
+from trainer.goodput import LEDGER
 from trainer.workloads import WORKLOADS
 
 
@@ -181,6 +184,8 @@ class Trainer:
         self.fingerprint = watch.ReplicaFingerprint(self.model, config.fingerprint_every, cluster.rank, cluster.say)
         self.skipped_update = False  # stop_on_nonfinite left the last step's non-finite gradients unapplied
         self.desync_group = self._desync_group()
+        self.comm = CommTimer()  # times each bucket's all-reduce against backward and the optimizer
+        self.comm.attach(self.model)
 
     def _desync_group(self) -> dist.ProcessGroup | None:
         """Where desync checks run their monitored barrier (gloo has it, NCCL not): the default group (None) on CPU,
@@ -302,6 +307,7 @@ class Trainer:
         )
         sampler = gpu.start_sampling()  # this node's GPUs, from its local rank 0 only
         self.started, self.first_step = time.perf_counter(), self.step  # for the rate the last line reports
+        LEDGER.first_step = LEDGER.step = self.step
         while self.epoch <= config.epochs:
             stopped = self._run_epoch()
             finished = self.step == self.total_steps
@@ -313,6 +319,7 @@ class Trainer:
             self.epoch, self.epoch_step, self.epoch_losses = self.epoch + 1, 0, []
         if sampler is not None:
             sampler.stop()
+        LEDGER.report()  # the final totals: what follows (exit) the server counts as stopping
         if self.step == self.total_steps:
             self._finish()
         else:
@@ -325,9 +332,11 @@ class Trainer:
         batches = iter(self.loader)
         while self.epoch_step < self.steps_per_epoch:
             started = time.perf_counter()
+            LEDGER.switch("data")
             micro_batches = [next(batches) for _ in range(self.config.grad_accum)]
             if self.fault:
                 time.sleep(self.fault.data_delay_s(rank=self.cluster.rank, step=self.step + 1))  # a test's straggler
+            LEDGER.switch("step")
             fetched = time.perf_counter()
             loss, grad_norm = self._optimizer_step(micro_batches)
             self.step, self.epoch_step = self.step + 1, self.epoch_step + 1
@@ -342,6 +351,7 @@ class Trainer:
                 with torch.no_grad():
                     next(self.model.parameters()).view(-1)[0] += 1e-3  # a test's replica that diverges
             self.fingerprint.check(self.step)
+            LEDGER.stepped(self.step)
             self._report()
             if self.config.val_every and self.step % self.config.val_every == 0:
                 self._validate()
@@ -380,8 +390,15 @@ class Trainer:
                     loss = self.workload.loss(outputs, targets.to(self.device, non_blocking=True))
                 if self.fault and self.fault.hits("nan", rank=self.cluster.rank, step=self.step + 1):
                     loss = loss * math.nan  # a test's rank whose loss goes NaN at this step
-                self.scaler.scale(loss / len(micro_batches)).backward()
+                with self.comm.backward():
+                    self.scaler.scale(loss / len(micro_batches)).backward()
             total += loss.detach().float()
+        with self.comm.optimizer():
+            grad_norm = self._apply_gradients()
+        return total / len(micro_batches), grad_norm
+
+    def _apply_gradients(self) -> Tensor:
+        """Unscale, clip (or measure) and apply the gradients; returns their norm before clipping."""
         self.scaler.unscale_(self.optimizer)  # the true gradients, for the norm and the clipping
         parameters = [p for p in self.model.parameters() if p.grad is not None]
         if self.config.grad_clip:
@@ -395,7 +412,7 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.scheduler.step()
-        return total / len(micro_batches), grad_norm
+        return grad_norm
 
     def _agree(self, loss: Tensor, grad_norm: Tensor) -> bool:
         """Average the loss over the ranks and learn whether any of them was asked to stop: one all_reduce.
@@ -436,6 +453,8 @@ class Trainer:
         }
         if self.workload.tokens_per_sample:
             metrics["tokens_per_s"] = samples_per_s * self.workload.tokens_per_sample
+        if self.step == self.first_step + 1 and self.workload.flops_per_sample:  # once a launch: for MFU
+            metrics[wire.MODEL_FLOPS_KEY] = self.workload.flops_per_sample
         report.log(metrics, step=self.step)
         report.progress(self._progress(samples_per_s))
 
@@ -463,18 +482,21 @@ class Trainer:
         return local.tolist(), (mean / self.cluster.world_size).tolist()
 
     def _validate(self) -> None:
-        _local, (val_loss, val_accuracy) = self.validate()
+        with LEDGER.within("validation"):
+            _local, (val_loss, val_accuracy) = self.validate()
         if self.cluster.is_main:
             report.log({"val_loss": val_loss, "val_accuracy": val_accuracy}, step=self.step)
 
     def _report_rank_times(self) -> None:
         """Gather every rank's step, data-wait and compute times to rank 0, which reports them under each rank."""
-        mine = torch.tensor(self.times.take_ms(), device=self.device)
+        keys = RANK_TIME_KEYS + (comm.KEYS if self.comm.enabled else ())
+        comm_ms = self.comm.take_ms()
+        mine = torch.tensor(self.times.take_ms() + (comm_ms if self.comm.enabled else []), device=self.device)
         gathered = [torch.zeros_like(mine) for _ in range(self.cluster.world_size)]
         dist.all_gather(gathered, mine)
         if self.cluster.is_main:
             for rank, times in enumerate(gathered):
-                report.log(dict(zip(RANK_TIME_KEYS, times.tolist(), strict=True)), step=self.step, rank=rank)
+                report.log(dict(zip(keys, times.tolist(), strict=True)), step=self.step, rank=rank)
 
     def _on_any_rank(self, flag: bool) -> bool:
         """Whether the flag is set on any rank: a collective, so every rank calls it at the same point."""
@@ -485,11 +507,13 @@ class Trainer:
     def _save_checkpoint(self, reason: str) -> None:
         """Rank 0 writes `step-*.pt` and its sidecar; the others wait for it, so no rank exits before the files
         are complete on disk, and if it failed every rank stops, rather than train on with no checkpoints."""
-        rng_states: list[Any] = [None] * self.cluster.world_size
-        dist.all_gather_object(rng_states, _rng_state())  # each rank's own, for an exact continuation
-        failure = self._write_checkpoint(reason, rng_states) if self.cluster.is_main else None
-        # Not a plain barrier: the others must learn here that rank 0 gave up, not wait for it at the next step.
-        if self._on_any_rank(failure is not None):
+        with LEDGER.within("checkpoint"):
+            rng_states: list[Any] = [None] * self.cluster.world_size
+            dist.all_gather_object(rng_states, _rng_state())  # each rank's own, for an exact continuation
+            failure = self._write_checkpoint(reason, rng_states) if self.cluster.is_main else None
+            # Not a plain barrier: the others must learn here that rank 0 gave up, not wait for it at the next step.
+            failed = self._on_any_rank(failure is not None)
+        if failed:
             raise CheckpointError(failure or f"rank 0 could not write the checkpoint of step {self.step}; stopping")
 
     def _write_checkpoint(self, reason: str, rng_states: list[Any]) -> str | None:
@@ -600,6 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.exit("error: " + "; ".join(config.needs_cuda()))
     cluster = Cluster.from_env()
     stop = StopSignal.install()  # before the slow start-up, so an early SIGTERM is not lost
+    LEDGER.switch("startup_group")
     device = init_distributed(cluster, config.pg_timeout_s)
     try:
         exit_code = run(config, cluster, device, stop)
@@ -612,10 +637,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     return exit_code
 
 
+def run_preflight(config: TrainConfig, cluster: Cluster, device: torch.device, run_dir: Path | None) -> bool:
+    """Compare the ranks before the first step (trainer/preflight.py); False when the run must not go on."""
+    with LEDGER.within("startup_preflight"):
+        result = preflight.check(device, cluster.rank, cluster.world_size, os.environ)
+    refused = config.preflight == "refuse" and not result.ok
+    if cluster.is_main:
+        for m in result.mismatches:
+            cluster.say(f"preflight: rank {m.rank} has {m.field} {m.value}, the others {m.common}", error=True)
+        for rank in result.slow_ranks:
+            cluster.say(f"preflight: rank {rank}'s all-reduce runs at {result.bus_gbps[rank]:.2f} GB/s, far below "
+                        f"the others", error=True)  # fmt: skip
+        preflight.keep(dataclasses.replace(result, refused=refused), run_dir)
+    if refused:
+        cluster.say("preflight refused the run (preflight=refuse): the ranks differ; see rank 0's output", error=True)
+    return not refused
+
+
 def run(config: TrainConfig, cluster: Cluster, device: torch.device, stop: StopSignal) -> int:
     """Train in the joined process group; returns 1, after saying why, when a checkpoint failed every rank."""
     cluster.say(f"started: pid {os.getpid()}, {cluster.world_size} ranks, {dist.get_backend()} on {device}")
     run_dir = os.environ.get(wire.ENV_RUN_DIR)
+    if config.preflight != "off" and not run_preflight(config, cluster, device, Path(run_dir) if run_dir else None):
+        return 1
+    LEDGER.switch("startup_build")
     try:
         Trainer(config, cluster, device, stop, Path(run_dir) if run_dir else None).train()
     except CheckpointError as error:

@@ -471,3 +471,87 @@ class RankDump:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# Goodput: each rank's ledger of where its process's time went, reported every GOODPUT_REPORT_S and at the end as
+# ordinary points keyed `goodput/<attempt>/<field>` under the rank's own rank, at step = the ledger's report number
+# (1, 2, ...: each report's totals replace the one before). `<attempt>` names one process incarnation: the launch id's
+# first 8 characters, a dot, torchrun's restart count. Fields: each of GOODPUT_PARTS (seconds since the process
+# started, cumulative), and GOODPUT_MARKS: `start` and `at` (unix times: the process's start, these totals' moment),
+# `first_step` (the step this incarnation began after) and `step` (the last one it finished).
+GOODPUT_KEY = "goodput/{attempt}/{field}"
+GOODPUT_REPORT_S = 2.0
+GOODPUT_PARTS = (
+    "startup_launch",  # from the process's creation to the trainer's entry point: interpreter, imports
+    "startup_group",  # joining the process group
+    "startup_build",  # building the data, the model, the optimizer; loading a snapshot
+    "startup_preflight",  # the preflight check (trainer.preflight)
+    "data",  # waiting for the next batch
+    "step",  # forward, backward, all-reduce, optimizer: the training itself
+    "checkpoint",  # writing checkpoints, and the ranks waiting for rank 0 to finish one
+    "validation",  # evaluating on the validation set
+)
+GOODPUT_MARKS = ("start", "at", "first_step", "step_reached")
+
+
+# Preflight (trainer/preflight.py): before the first step, each launch's rank 0 leaves this in the run folder.
+PREFLIGHT_FILE = "preflight.json"
+PREFLIGHT_MODES = ("warn", "refuse", "off")  # refuse: a mismatch or a slow rank stops the run before training
+PREFLIGHT_FIELDS = ("python", "torch", "cuda", "nccl", "driver", "gpu")
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One rank's value of a fingerprint field that differs from the most common one."""
+
+    field: str
+    rank: int
+    value: str
+    common: str
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """Every rank's fingerprint and all-reduce bus bandwidth (GB/s; None with one rank), and what stands out."""
+
+    fingerprints: list[dict[str, str]]
+    bus_gbps: list[float | None]
+    bytes: int
+    mismatches: list[Mismatch]
+    slow_ranks: list[int]
+    seconds: float
+    at: float  # unix time
+    refused: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and not self.slow_ranks
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: Any) -> Preflight:
+        """Read a decoded preflight file; raises ValueError when it is not one."""
+        try:
+            return cls(
+                fingerprints=[{str(k): str(v) for k, v in p.items()} for p in body["fingerprints"]],
+                bus_gbps=[None if s is None else float(s) for s in body["bus_gbps"]],
+                bytes=int(body["bytes"]),
+                mismatches=[
+                    Mismatch(str(m["field"]), int(m["rank"]), str(m["value"]), str(m["common"]))
+                    for m in body["mismatches"]
+                ],
+                slow_ranks=[int(r) for r in body["slow_ranks"]],
+                seconds=float(body["seconds"]),
+                at=float(body["at"]),
+                refused=bool(body.get("refused", False)),
+            )
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
+            raise ValueError(f"not a preflight result: {type(error).__name__}: {error}") from None
+
+
+# A run's model FLOPs per training sample (forward and backward), logged once under this key at any step; with the
+# run's samples/s it gives the FLOP/s achieved, and on a GPU model FLOPs utilization. The built-in trainer logs it
+# at its first step; a script can too: `report.log({wire.MODEL_FLOPS_KEY: flops}, step=0)`.
+MODEL_FLOPS_KEY = "model_flops_per_sample"

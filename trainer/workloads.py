@@ -38,6 +38,7 @@ class Workload:
     build_model: Callable[[], nn.Module]
     loss: Callable[[Tensor, Tensor], Tensor]
     tokens_per_sample: int = 0  # for language models: tokens/s is samples/s times this
+    flops_per_sample: int = 0  # model FLOPs of one training sample (forward and backward), for MFU: see model_flops
 
     def accuracy(self, outputs: Tensor, targets: Tensor) -> Tensor:
         """The fraction of predictions (classes, or next characters) that match the targets."""
@@ -144,15 +145,42 @@ class CharTransformer(nn.Module):
         return self.head(self.norm(hidden))
 
 
+def model_flops(macs_per_sample: int) -> int:
+    """Training FLOPs of a sample from its forward multiply-accumulates: 2 FLOPs each forward, twice as many
+    backward (the gradients of the inputs and of the weights), the "6N" convention MFU is quoted in."""
+    return 6 * macs_per_sample
+
+
+# Multiply-accumulates per sample of the matmuls and convolutions, the FLOPs that count; written out so that they
+# can be checked by hand (tests/trainer/test_mfu.py). Norms, activations and the softmax are left out, as usual.
+MLP_MACS = _FEATURES * 256 + 256 * 256 + 256 * _CLASSES
+CNN_MACS = _SIDE * _SIDE * 32 * 3 * 9 + (_SIDE // 2) ** 2 * 64 * 32 * 9 + 64 * _CLASSES  # two convs (after a pool)
+
+
+def charlm_macs(width: int = 128, layers: int = 2, vocabulary: int = len(ALPHABET), context: int = _CONTEXT) -> int:
+    """Per window: per token, each layer's Q, K, V and output projections (4 d^2) and feed-forward (8 d^2), the
+    head (d x vocabulary); and the attention's scores and weighted sum (2 x context x d per token and layer)."""
+    per_token = layers * (12 * width * width + 2 * context * width) + width * vocabulary
+    return context * per_token
+
+
 def sequence_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 WORKLOADS: dict[str, Workload] = {
-    "mlp": Workload(build_data=teacher_data, build_model=mlp_student, loss=F.cross_entropy),
-    "cnn": Workload(build_data=pattern_images, build_model=small_cnn, loss=F.cross_entropy),
+    "mlp": Workload(
+        build_data=teacher_data, build_model=mlp_student, loss=F.cross_entropy, flops_per_sample=model_flops(MLP_MACS)
+    ),
+    "cnn": Workload(
+        build_data=pattern_images, build_model=small_cnn, loss=F.cross_entropy, flops_per_sample=model_flops(CNN_MACS)
+    ),
     "charlm": Workload(
-        build_data=markov_text, build_model=CharTransformer, loss=sequence_loss, tokens_per_sample=_CONTEXT
+        build_data=markov_text,
+        build_model=CharTransformer,
+        loss=sequence_loss,
+        tokens_per_sample=_CONTEXT,
+        flops_per_sample=model_flops(charlm_macs()),
     ),
 }
 assert WORKLOADS.keys() == wire.WORKLOADS.keys(), "describe each workload in wire.WORKLOADS"

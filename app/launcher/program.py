@@ -13,7 +13,7 @@ TRAINER_OPTIONS = (
     "workload", "epochs", "batch_size", "lr", "optimizer", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip",
     "grad_accum", "precision", "sync_batchnorm", "find_unused_parameters", "bucket_cap_mb", "gradient_as_bucket_view",
     "val_every", "checkpoint_every", "checkpoint_unit", "seed", "pg_timeout_s", "keep_last", "keep_best",
-    "best_metric", "stop_on_nonfinite", "fingerprint_every", "desync_checks",
+    "best_metric", "stop_on_nonfinite", "fingerprint_every", "desync_checks", "preflight",
 )  # fmt: skip
 
 

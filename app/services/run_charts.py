@@ -80,6 +80,9 @@ def layout(keys: list[str], *, time_start: int = 0) -> list[Chart]:
         Chart("step-parts", "Data wait and compute per rank", "ms",
               [ChartSeries("rank/data_ms", "data wait", dashed=True, per_rank=True),
                ChartSeries("rank/compute_ms", "compute", per_rank=True)]),
+        Chart("comm", "Exposed all-reduce per step, per rank (trainer/comm.py)", "ms",
+              [ChartSeries("rank/comm_ms", "exposed all-reduce", per_rank=True),
+               ChartSeries("rank/backward_ms", "backward", dashed=True, per_rank=True)]),
     ]  # fmt: skip
     charts = [chart for chart in wanted if any(s.key in present for s in chart.series)]
     charts = [Chart(c.id, c.title, c.unit, [s for s in c.series if s.key in present]) for c in charts]

@@ -44,8 +44,9 @@ def get_run(db: Session, *, run_id: int) -> Run:
 
 
 def create_run(
-    db: Session, *, spec: RunCreate, settings: Settings, folders: RunFolders, launchers: Launchers, actor: str = "local"
-) -> Run:
+    db: Session, *, spec: RunCreate, settings: Settings, folders: RunFolders, launchers: Launchers,
+    actor: str = "local", sweep_of: int | None = None,  # sweep_of: the run whose scaling sweep this is part of
+) -> Run:  # fmt: skip
     """Stores a new run in `queued`; the supervisor starts it when its processes fit on this host, or submits it to
     Slurm at once (Slurm queues it)."""
     if spec.launcher == "slurm":
@@ -61,7 +62,7 @@ def create_run(
             spec = spec.model_copy(update={"script": script, "workload": SCRIPT_WORKLOAD})
         checkpoints.check_disk_room(db, spec, folders=folders)
         run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="",
-                  created_by=actor)  # fmt: skip
+                  created_by=actor, sweep_of=sweep_of)  # fmt: skip
         db.add(run)
         db.flush()
         audit.record(db, actor=actor, action="created", run_id=run.id)

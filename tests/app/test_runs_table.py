@@ -281,7 +281,7 @@ def test_clone_fills_the_form_with_every_option_of_the_run(client: TestClient) -
                "slurm_cpus_per_task": 8, "slurm_time_limit": "1:00:00", "slurm_partition": "gpu",
                "slurm_account": "lab", "slurm_qos": "high", "slurm_constraint": "a100", "slurm_requeue": True,
                "slurm_max_requeues": 3, "stop_on_nonfinite": True, "fingerprint_every": 7,
-               "desync_checks": True}  # fmt: skip
+               "desync_checks": True, "preflight": "refuse"}  # fmt: skip
     options = set(RunCreate.model_fields) - {"allow_low_disk"}
     assert set(changed) == options, f"a new option: give it a value here too: {options ^ set(changed)}"
     defaults = RunCreate().model_dump()

@@ -183,6 +183,7 @@ def run_page(answer: Answer) -> None:
     assert ('<a href="#explain">What went wrong</a>' in answer.text) == (run.state in ("failed", "lost"))
     assert 'id="run-alerts"' in answer.text and "No alerts sent." in answer.text  # the section, in every state
     dump_on_page(answer)
+    assert 'id="goodput"' in answer.text and "<strong>Goodput " in answer.text  # from the moment it is queued
     if run.live:
         assert ("Stopping…</button>" if run.status == RunStatus.stopping else "Stop</button>") in answer.text
 
@@ -370,6 +371,28 @@ def api_health(answer: Answer) -> None:
     assert [s["sentence"] for s in answer.json()["stragglers"]] == ([STRAGGLER] if slow else [])
 
 
+def api_goodput(answer: Answer) -> None:
+    """Every state has a whole (its wall time so far x processes) that its parts add up to; nothing started: queue."""
+    body = answer.json()
+    assert sum(part["seconds"] for part in body["parts"]) == pytest.approx(body["total_s"], rel=1e-6, abs=1e-6)
+    names = {part["name"] for part in body["parts"]}
+    if answer.seeded.state in WAITING:
+        assert names <= {"training", "queue"} and body["goodput"] in (0.0, None)
+    else:  # the walk's runs report no ledger (a user's script would not): their held time is not itemized
+        assert "unitemized" in names and not body["itemized"]
+
+
+def goodput_summary(answer: Answer) -> None:
+    body = answer.json()
+    prefix = answer.query.get("name_prefix", "")
+    matching = min(500, sum(1 for run in answer.store.runs if run[1].startswith(prefix)))
+    if "since_hours" in answer.query:  # the bulk runs of the many store were made long ago; the seeded ones now
+        assert len(answer.store.seeded) <= body["runs"] <= matching
+    else:
+        assert body["runs"] == matching
+    assert sum(part["seconds"] for part in body["parts"]) == pytest.approx(body["total_s"], rel=1e-6, abs=1e-6)
+
+
 def metric_keys(answer: Answer) -> None:
     keys = answer.json()
     if answer.seeded.state in UNSTARTED:
@@ -509,6 +532,13 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/api/runs/{run_id}/ranks": ranks,
     "/api/runs/{run_id}/dumps": dumps,
     "/api/runs/{run_id}/findings": findings,
+    "/api/runs/{run_id}/goodput": api_goodput,
+    "/api/goodput": goodput_summary,
+    # The walk's runs report step times but no communication timings (as a user's script would not).
+    "/api/runs/{run_id}/comm": holds(lambda answer: answer.json() is None),
+    "/api/runs/{run_id}/preflight": holds(lambda answer: answer.json() is None),  # no trainer ran: no preflight
+    "/api/runs/{run_id}/mfu": holds(lambda answer: answer.json() is None),  # nor reported model FLOPs
+    "/api/runs/{run_id}/sweep": holds(lambda answer: answer.json() == {"run_id": answer.seeded.id, "rows": []}),
     "/api/runs/{run_id}/metrics": metric_keys,
     "/api/runs/{run_id}/metrics/{key}": series,
     "/api/runs/{run_id}/chart": chart,
@@ -559,6 +589,7 @@ VARIANTS: dict[str, Callable[[Store, Seeded | None], list[Variant]]] = {
         else [{}]
     ),
     "/runs/{run_id}": lambda store, run: [{}, {"_target": "charts"}],
+    "/api/goodput": lambda store, run: [{}, {"since_hours": "24"}, {"name_prefix": "zz-none"}],
     "/runs/{run_id}/logs": lambda store, run: [{"_target": "logs", "_hx": "1"}],
     "/runs/{run_id}/logs/stream": lambda store, run: [{"rank": "1", "stream": "stderr", "filter": ""}],
     "/host": lambda store, run: [{}, {"_target": "host-now", "_hx": "1"}],

@@ -8,13 +8,14 @@ Each check drives the trainer's own methods, so what is measured is the code a r
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from trainer.comm import KEYS
 from trainer.config import TrainConfig
 from trainer.train import Cluster, StopSignal, Trainer, build_model, init_distributed
 
@@ -50,22 +51,29 @@ def ddp_options(tmp: Path) -> dict[str, Any]:
 
 
 def allreduces_per_step(tmp: Path, grad_accum: int, steps: int = 4) -> list[int]:
-    """How many gradient all-reduces (one per bucket) each optimizer step made, counted by a DDP comm hook."""
+    """How many gradient all-reduces (one per bucket) each optimizer step made, as the trainer's own communication
+    hook (trainer/comm.py) counts them."""
     trainer = make(tmp, workload="mlp", grad_accum=grad_accum, bucket_cap_mb=1)
-    calls = [0]
-
-    def counting_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        calls[0] += 1
-        return default_hooks.allreduce_hook(state, bucket)
-
-    trainer.model.register_comm_hook(None, counting_hook)
     batches = iter(trainer.loader)
     per_step = []
     for _ in range(steps):
-        before = calls[0]
         trainer._optimizer_step([next(batches) for _ in range(grad_accum)])
-        per_step.append(calls[0] - before)
+        per_step.append(int(trainer.comm.take_ms()[KEYS.index("rank/buckets")]))
     return per_step
+
+
+def comm_share(tmp: Path, batch_size: int, steps: int = 12) -> dict[str, Any]:
+    """Every rank's communication timings per step, and the step time, over `steps` steps after a warm-up."""
+    trainer = make(tmp, workload="mlp", batch_size=batch_size)
+    batches = iter(trainer.loader)
+    trainer._optimizer_step([next(batches)])
+    trainer.comm.take_ms()
+    started = time.perf_counter()
+    for _ in range(steps):
+        trainer._optimizer_step([next(batches)])
+    step_ms = 1000 * (time.perf_counter() - started) / steps
+    return {"ranks": gathered(dict(zip(KEYS, trainer.comm.take_ms(), strict=True))), "step_ms": step_ms,
+            "enabled": trainer.comm.enabled}  # fmt: skip
 
 
 def sample_order(tmp: Path) -> dict[str, Any]:
@@ -106,6 +114,7 @@ def main() -> None:
         results = {
             "ddp_options": ddp_options(tmp),
             "allreduces_per_step": {k: allreduces_per_step(tmp, k) for k in (1, 4)},
+            "comm_share": {k: comm_share(tmp, k) for k in (8, 2048)},
             "sample_order": sample_order(tmp),
             "validation": validation(tmp),
             "clipping_and_schedule": clipping_and_schedule(tmp),

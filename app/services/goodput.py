@@ -1,0 +1,323 @@
+"""Goodput: how much of the time a run held its processes went into training, and where the rest went.
+
+The whole is the run's wall time (from creation to its end, less any time it sat stopped before a resume) times its
+processes. Each rank's share of it is laid out on a timeline, so the parts add up to the whole by construction:
+
+- from each queueing (creation, resume, requeue) to the launch: waiting in the queue;
+- from the launch to the rank's first trainer process: start-up (the launcher, the interpreter, the imports);
+- each trainer process's own ledger (trainer/goodput.py): start-up phases, data wait, steps, checkpoints, validation;
+- between one process's last report and the next one's start: restarts (the work lost and the re-launch);
+- the steps a restarted process took again, having been done before the crash: repeated steps, out of its steps;
+- "not progressing" episodes (the health check's events): stalls, out of the steps they overlap;
+- after the last report to the end: stopping and exit; while the run is live, "since the last report".
+
+A rank that sent no ledger (a user's script) shows its held time as not itemized. Ledger times are the nodes'
+clocks and events the server's: each process's span is clamped into its launch window, so a small skew moves
+time between neighbouring parts but never makes the sum wrong.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, object_session
+
+from app.errors import RunNotFound
+from app.folders import RunFolders
+from app.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
+from app.services import comm, health, mfu, preflight, sweeps
+from app.store import goodput as goodput_store
+from app.store import runs as run_store
+from trainer import wire
+
+# The parts, in the order the bar shows them, with what a person reads; "training" is the good one.
+PART_LABELS = {
+    "training": "training (new steps)",
+    "queue": "waiting in the queue",
+    "startup": "start-up",
+    "data": "data wait",
+    "checkpoint": "checkpoint writes",
+    "validation": "validation",
+    "restarts": "restarts (lost work, re-launch)",
+    "repeated": "steps repeated after a restart",
+    "stalls": "stalls (not progressing)",
+    "stopping": "stopping and exit",
+    "pending": "since the last report (live)",
+    "unitemized": "not itemized (no timings from the trainer)",
+}
+STARTUP_PHASES = {
+    "startup_launch": "launcher, interpreter and imports",
+    "startup_group": "joining the process group",
+    "startup_build": "data, model and snapshot",
+    "startup_preflight": "preflight check",
+}
+STEP_KEY = "loss"  # the built-in trainer logs it at every step, from rank 0
+SKEW_S = 60.0  # how far a node's clock may be from the server's for a process to count in a launch window
+SUMMARY_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class GoodputPart:
+    """One named share of the whole, in process-seconds."""
+
+    name: str
+    label: str
+    seconds: float
+    share: float  # of the whole, 0..1
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """A run's (or a set of runs') goodput: productive seconds over wall seconds x processes, and the rest named."""
+
+    processes: int
+    wall_s: float
+    total_s: float  # wall_s x processes, summed over runs for a set
+    parts: tuple[GoodputPart, ...]
+    goodput: float | None  # None while nothing is known (the whole is 0)
+    startup_phases: dict[str, float] = field(default_factory=dict)
+    repeated_steps: int = 0
+    itemized: bool = True  # every rank sent a ledger
+    runs: int = 1
+
+
+@dataclass
+class _Ledger:
+    attempt: str
+    rank: int
+    values: dict[str, float]
+
+    @property
+    def start(self) -> float:
+        return self.values.get("start", 0.0)
+
+    @property
+    def at(self) -> float:
+        return self.values.get("at", self.start)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """One stretch from a queueing to the end of the processes it launched."""
+
+    start: float
+    launch: float | None
+    end: float
+    live: bool
+
+
+def run_goodput(db: Session, *, run: Run, now: datetime | None = None) -> Goodput:
+    """The goodput of `run` as of `now` (its end, once final)."""
+    ledgers = _ledgers(goodput_store.latest_ledger_values(db, run_id=run.id))
+    # A killed process's last ledger report may be up to GOODPUT_REPORT_S old: the loss it logged at every step
+    # says how far it really got before its successor started.
+    starts = sorted({min(lg.start for lg in ledgers if lg.attempt == a) for a in {lg.attempt for lg in ledgers}})
+    reached = {start: goodput_store.highest_step_before(db, run_id=run.id, key=STEP_KEY, before=start)
+               for start in starts[1:]}  # fmt: skip
+    return compute(run, list(run.events), ledgers, now=now or utcnow(), reached_before=reached)
+
+
+def goodput_of(db: Session, *, run_id: int) -> Goodput:
+    """The goodput of the run with this id, now; raises RunNotFound."""
+    run = run_store.get_run(db, run_id)
+    if run is None:
+        raise RunNotFound(run_id)
+    return run_goodput(db, run=run)
+
+
+def run_goodput_now(run: Run) -> Goodput | None:
+    """`run_goodput` for a run still attached to the session that loaded it (the run page's)."""
+    db = object_session(run)
+    return None if db is None else run_goodput(db, run=run)
+
+
+def page_context(run: Run, *, folders: RunFolders) -> dict[str, Any]:
+    """What the run page shows of what the GPUs bought: goodput, communication share, preflight, MFU."""
+    return {"goodput": run_goodput_now(run), "startup_labels": STARTUP_PHASES, "comm": comm.comm_share_now(run),
+            "preflight": preflight.read(run, folders=folders), "mfu": mfu.run_mfu_now(run),
+            "sweep": sweeps.sweep_now(run)}  # fmt: skip
+
+
+def summary(db: Session, *, since_hours: float | None, name_prefix: str) -> Goodput:
+    """The goodput of the runs created in the last `since_hours` (all if None) whose names start with the prefix."""
+    now = utcnow()
+    since = now - timedelta(hours=since_hours) if since_hours is not None else None
+    runs = goodput_store.runs_for_summary(db, since=since, name_prefix=name_prefix, limit=SUMMARY_LIMIT)
+    return combine([run_goodput(db, run=run, now=now) for run in runs])
+
+
+def compute(
+    run: Run, events: list[RunEvent], ledgers: list[_Ledger], *, now: datetime,
+    reached_before: dict[float, int] | None = None,
+) -> Goodput:  # fmt: skip
+    """Lay every rank's ledgers on the run's lifecycle; pure, so that it can be checked by hand. `reached_before`:
+    the highest step taken before each of these unix times (a process incarnation's start), besides the ledgers'."""
+    processes = run.nproc_per_node * (run.slurm_nodes if run.launcher == "slurm" else 1)
+    ranks = max([processes, *(ledger.rank + 1 for ledger in ledgers)])
+    segments = _segments(run, events, now=now.timestamp())
+    stalls = _stalls(events, now=now.timestamp())
+    repeated = _repeated_steps(ledgers, reached_before or {})
+    seconds: dict[str, float] = defaultdict(float)
+    by_rank: dict[int, list[_Ledger]] = defaultdict(list)
+    for ledger in ledgers:
+        by_rank[ledger.rank].append(ledger)
+    for rank in range(ranks):
+        for segment in segments:
+            _lay_rank(seconds, segment, by_rank.get(rank, []), stalls, repeated)
+    wall = sum(segment.end - segment.start for segment in segments)
+    phases = {name: value for name in STARTUP_PHASES if (value := seconds.pop(name, 0.0)) > 0}
+    seconds["startup"] += sum(phases.values())
+    return _goodput(seconds, wall=wall, processes=ranks, phases=phases,
+                    repeated_steps=sum(repeated.values()), itemized=not seconds.get("unitemized"))  # fmt: skip
+
+
+def combine(each: list[Goodput]) -> Goodput:
+    """The goodput of a set of runs: their parts and wholes summed."""
+    seconds: dict[str, float] = defaultdict(float)
+    phases: dict[str, float] = defaultdict(float)
+    for one in each:
+        for part in one.parts:
+            seconds[part.name] += part.seconds
+        for name, value in one.startup_phases.items():
+            phases[name] += value
+    wall = sum(one.wall_s for one in each)
+    result = _goodput(seconds, wall=wall, processes=sum(one.processes for one in each), phases=dict(phases),
+                      repeated_steps=sum(one.repeated_steps for one in each),
+                      itemized=all(one.itemized for one in each))  # fmt: skip
+    return Goodput(**{**result.__dict__, "runs": len(each)})
+
+
+def _goodput(
+    seconds: dict[str, float], *, wall: float, processes: int, phases: dict[str, float], repeated_steps: int,
+    itemized: bool,
+) -> Goodput:  # fmt: skip
+    total = sum(seconds.values())
+    parts = tuple(
+        GoodputPart(name, label, seconds[name], seconds[name] / total if total > 0 else 0.0)
+        for name, label in PART_LABELS.items()
+        if seconds.get(name, 0.0) > 0 or name == "training"
+    )
+    good = seconds.get("training", 0.0) / total if total > 0 else None
+    return Goodput(processes, wall, total, parts, good, phases, repeated_steps, itemized)
+
+
+def _ledgers(rows: list[tuple[str, int, float | None]]) -> list[_Ledger]:
+    """Each process's latest totals, from `goodput/<attempt>/<field>` points."""
+    found: dict[tuple[str, int], _Ledger] = {}
+    for key, rank, value in rows:
+        _prefix, attempt, name = key.split("/", 2) if key.count("/") == 2 else ("", "", "")
+        if not attempt or value is None or name not in (*wire.GOODPUT_PARTS, *wire.GOODPUT_MARKS):
+            continue
+        found.setdefault((attempt, rank), _Ledger(attempt, rank, {})).values[name] = value
+    return [ledger for ledger in found.values() if "start" in ledger.values and "at" in ledger.values]
+
+
+def _segments(run: Run, events: list[RunEvent], *, now: float) -> list[_Segment]:
+    """The stretches from each queueing to the end of its processes; the time a run sat final is in none."""
+    segments: list[_Segment] = []
+    start: float | None = None
+    launch: float | None = None
+    for event in events:
+        at = event.at.timestamp()
+        if start is None:  # created, resumed (queued), or a first event of another kind: a stretch begins
+            start = min(at, run.created_at.timestamp()) if not segments else at
+        if event.status == RunStatus.queued and launch is not None:  # requeued (Slurm): the old processes ended
+            segments.append(_Segment(start, launch, at, live=False))
+            start, launch = at, None
+        elif event.status in (RunStatus.starting, RunStatus.running, RunStatus.stopping) and launch is None:
+            launch = at
+        elif event.status in FINAL_STATUSES:
+            segments.append(_Segment(start, launch, max(at, start), live=False))
+            start, launch = None, None
+    if start is not None or not segments:
+        begin = start if start is not None else run.created_at.timestamp()
+        segments.append(_Segment(begin, launch, max(now, begin), live=True))
+    return segments
+
+
+def _stalls(events: list[RunEvent], *, now: float) -> list[tuple[float, float]]:
+    """The health check's "not progressing" episodes, each up to "progressing again" or the run's next status."""
+    episodes: list[tuple[float, float]] = []
+    began: float | None = None
+    for event in events:
+        at = event.at.timestamp()
+        if event.reason.startswith(health.NOT_PROGRESSING) and began is None:
+            began = at
+        elif began is not None and (
+            event.reason.startswith(health.PROGRESSING_AGAIN) or event.status != RunStatus.running
+        ):
+            episodes.append((began, at))
+            began = None
+    if began is not None:
+        episodes.append((began, now))
+    return episodes
+
+
+def _repeated_steps(ledgers: list[_Ledger], reached_before: dict[float, int]) -> dict[str, int]:
+    """Per process incarnation, how many of its steps an earlier one had already taken (lost to a restart)."""
+    first_seen: dict[str, float] = {}
+    reached: dict[str, float] = defaultdict(float)
+    began: dict[str, float] = {}
+    for ledger in ledgers:
+        first_seen[ledger.attempt] = min(first_seen.get(ledger.attempt, ledger.start), ledger.start)
+        reached[ledger.attempt] = max(reached[ledger.attempt], ledger.values.get("step_reached", 0.0))
+        began[ledger.attempt] = ledger.values.get("first_step", 0.0)
+    repeated: dict[str, int] = {}
+    high = 0.0
+    for attempt in sorted(first_seen, key=first_seen.__getitem__):
+        high = max(high, reached_before.get(first_seen[attempt], 0))
+        repeated[attempt] = int(max(0.0, min(high, reached[attempt]) - began[attempt]))
+        high = max(high, reached[attempt])
+    return repeated
+
+
+def _lay_rank(
+    seconds: dict[str, float], segment: _Segment, ledgers: list[_Ledger], stalls: list[tuple[float, float]],
+    repeated: dict[str, int],
+) -> None:  # fmt: skip
+    """Add one rank's share of one segment to `seconds`: queue, then its processes in order, then the tail."""
+    if segment.launch is None:
+        seconds["queue"] += segment.end - segment.start
+        return
+    seconds["queue"] += segment.launch - segment.start
+    mine = sorted((lg for lg in ledgers if segment.launch - SKEW_S <= lg.start <= segment.end + SKEW_S),
+                  key=lambda lg: lg.start)  # fmt: skip
+    if not mine:
+        seconds["unitemized"] += segment.end - segment.launch
+        return
+    cursor = segment.launch
+    for index, ledger in enumerate(mine):
+        begin = min(max(ledger.start, cursor), segment.end)
+        end = min(max(ledger.at, begin), segment.end)
+        seconds["startup_launch" if index == 0 else "restarts"] += begin - cursor
+        _lay_ledger(seconds, ledger, begin, end, stalls, repeated.get(ledger.attempt, 0))
+        cursor = end
+    seconds["pending" if segment.live else "stopping"] += segment.end - cursor
+
+
+def _lay_ledger(
+    seconds: dict[str, float], ledger: _Ledger, begin: float, end: float, stalls: list[tuple[float, float]],
+    repeated_steps: int,
+) -> None:  # fmt: skip
+    """One process's parts, scaled to its clamped span; stalls and repeated steps taken out of its steps."""
+    parts = {name: max(0.0, ledger.values.get(name, 0.0)) for name in wire.GOODPUT_PARTS}
+    reported = sum(parts.values())
+    scale = (end - begin) / reported if reported > 0 else 0.0
+    if reported <= 0:
+        seconds["startup_launch"] += end - begin
+        return
+    parts = {name: value * scale for name, value in parts.items()}
+    stalled = min(parts["step"], sum(max(0.0, min(e, end) - max(b, begin)) for b, e in stalls))
+    parts["step"] -= stalled
+    seconds["stalls"] += stalled
+    taken = ledger.values.get("step_reached", 0.0) - ledger.values.get("first_step", 0.0)
+    if repeated_steps and taken > 0:
+        fraction = min(1.0, repeated_steps / taken)
+        seconds["repeated"] += fraction * (parts["step"] + parts["data"])
+        parts["step"], parts["data"] = (1 - fraction) * parts["step"], (1 - fraction) * parts["data"]
+    seconds["training"] += parts.pop("step")
+    for name, value in parts.items():
+        seconds[name] += value

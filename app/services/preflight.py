@@ -1,0 +1,30 @@
+"""The preflight check's result (trainer/preflight.py), as the run's rank 0 left it in the run folder."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy.orm import Session
+
+from app.folders import RunFolders
+from app.models import Run
+from app.services import runs
+from trainer import wire
+
+MAX_BYTES = 1_000_000  # a result of thousands of ranks is far less; anything larger was not written by the trainer
+
+
+def read(run: Run, *, folders: RunFolders) -> wire.Preflight | None:
+    """The newest launch's preflight result; None before one (or for a script, which runs none) or if unreadable."""
+    path = folders.run_dir(run) / wire.PREFLIGHT_FILE
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            return None
+        return wire.Preflight.from_json(json.loads(path.read_bytes()))
+    except (OSError, ValueError):
+        return None
+
+
+def preflight_of(db: Session, *, run_id: int, folders: RunFolders) -> wire.Preflight | None:
+    """`read` for the run with this id; raises RunNotFound."""
+    return read(runs.get_run(db, run_id=run_id), folders=folders)

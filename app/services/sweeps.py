@@ -1,0 +1,100 @@
+"""Scaling sweeps: what adding processes buys. The same config queued at 1, 2, 4, ... processes for one epoch each,
+then a table of throughput, speed-up over the 1-process run, and efficiency (speed-up over processes; the DDP
+checklist expects ~90-95% at 2 GPUs, ~88-95% at 4, ~80-95% at 8), with each run's communication share.
+
+Each run of a sweep is an ordinary run (its own page, checkpoints, goodput), marked with the run it was started from
+(`sweep_of`). One epoch bounds it: the same data per run, split over more ranks, so the larger runs are shorter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, object_session
+
+from app.errors import FieldInvalid
+from app.folders import RunFolders
+from app.launcher.launchers import Launchers
+from app.models import Run
+from app.schemas import RunCreate
+from app.services import comm, runs
+from app.settings import Settings
+
+MAX_PROCESSES = 64
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One run of a sweep: its size, where it stands, and what it bought."""
+
+    run_id: int
+    processes: int
+    status: str
+    samples_per_s: float
+    speedup: float | None  # over the sweep's 1-process run; None until both have a throughput
+    efficiency: float | None  # speed-up / processes
+    comm_share: float | None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A run's scaling sweep, smallest first; empty when none was started."""
+
+    run_id: int
+    rows: list[SweepRow]
+
+
+def sizes(*, capacity: int) -> list[int]:
+    """1, 2, 4, ... up to what this host can hold at once."""
+    found, n = [], 1
+    while n <= min(capacity, MAX_PROCESSES):
+        found.append(n)
+        n *= 2
+    return found
+
+
+def start_sweep(
+    db: Session, *, run_id: int, settings: Settings, folders: RunFolders, launchers: Launchers, actor: str
+) -> Sweep:
+    """Queue the run's config at each size for one epoch; raises RunNotFound, FieldInvalid for a Slurm run."""
+    with db.begin():  # read, and let go: each run is created in its own transaction, as a user's would be
+        specs = _specs(runs.get_run(db, run_id=run_id), capacity=launchers.local.capacity)
+    for spec in specs:
+        runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=actor,
+                        sweep_of=run_id)  # fmt: skip
+    return sweep_of(db, run_id=run_id)
+
+
+def _specs(origin: Run, *, capacity: int) -> list[RunCreate]:
+    """The origin's options at each size, for one epoch, without restarts."""
+    if origin.launcher != "local":
+        where = "is on Slurm" if origin.launcher == "slurm" else "was launched elsewhere"
+        raise FieldInvalid("launcher", f"a scaling sweep runs on this host only, for now; this run {where}")
+    options = {name: value for name in RunCreate.model_fields if (value := getattr(origin, name, None)) is not None}
+    if origin.script:  # the run stores "script" as its workload, which the form does not offer
+        options.pop("workload", None)
+    return [RunCreate.model_validate({**options, "nproc_per_node": processes, "epochs": 1, "max_restarts": 0,
+                                      "name": f"{origin.name[:60]} · sweep {processes}p"})
+            for processes in sizes(capacity=capacity)]  # fmt: skip
+
+
+def sweep_now(run: Run) -> Sweep | None:
+    """`sweep_of` for a run still attached to the session that loaded it (the run page's)."""
+    db = object_session(run)
+    return None if db is None else sweep_of(db, run_id=run.id)
+
+
+def sweep_of(db: Session, *, run_id: int) -> Sweep:
+    """The table of the run's sweep (the newest run of each size); raises RunNotFound."""
+    runs.get_run(db, run_id=run_id)
+    members = db.scalars(select(Run).where(Run.sweep_of == run_id).order_by(Run.id)).all()
+    newest = {run.nproc_per_node: run for run in members}
+    base = newest.get(1)
+    rows = []
+    for processes, run in sorted(newest.items()):
+        speedup = run.samples_per_s / base.samples_per_s if base and base.samples_per_s and run.samples_per_s else None
+        share = comm.comm_share(db, run_id=run.id)
+        rows.append(SweepRow(run.id, processes, run.status.value, run.samples_per_s, speedup,
+                             speedup / processes if speedup else None, share.share if share else None))  # fmt: skip
+    return Sweep(run_id, rows)
