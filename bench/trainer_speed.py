@@ -95,6 +95,7 @@ def reporting(tmp: Path, repeats: int, epochs: int, workload: str = "mlp", *extr
                        wire.ENV_TOKEN: token, wire.ENV_RUN_DIR: str(tmp / f"run-{run_id}")}  # fmt: skip
                 on.append(steps_per_s(tmp, nproc, workload, epochs, env, *extra))
                 off.append(steps_per_s(tmp, nproc, workload, epochs, outside_dashboard(), *extra))
+                print(f"  pair {len(on)}: on {on[-1]:.1f}, off {off[-1]:.1f} steps/s", flush=True)
             paired = statistics.median(1 - a / b for a, b in zip(on, off, strict=True))
             what = f"{workload} {' '.join(extra)}, {nproc} rank(s), {repeats} pairs"
             print(

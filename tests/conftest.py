@@ -10,12 +10,17 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.launcher import processes
+from app.launcher.local import visible_gpus
 from app.main import create_app
 from app.settings import Settings
 from tests.live import LiveServer, run_processes
 
 # FastAPI's TestClient sends `Host: testserver`; the server answers only to the names it is told (app.auth.guard).
 os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")
+# The suite is the CPU suite (gloo), on a GPU node too: there two ranks of a test's run would share one GPU, which
+# NCCL refuses ("Duplicate GPU detected"). Hidden from the session, no server hands out a GPU nor trainer sees one.
+if visible_gpus(os.environ):
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from app.folders import RunFolders
@@ -27,16 +27,17 @@ WORKER_FAILURE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(p
 LAUNCH_MARKER = "--- rankboard launch "  # begins the line written to launcher.log before each launch of a run
 
 
-def detect_gpu_count() -> int:
-    """GPUs NVML can see on this host, through the same interface the samplers use; 0 without a driver."""
+def visible_gpus(environ: Mapping[str, str] = os.environ) -> list[int]:
+    """NVML indices of this host's GPUs that the server may hand out: those its own CUDA_VISIBLE_DEVICES names (all
+    when unset; none when empty), through the same interface the samplers use; none without a driver."""
     try:
-        nvml = gpu.open_nvml()
+        nvml = gpu.open_nvml(environ)
     except gpu.NvmlUnavailable:
-        return 0
+        return []
     try:
-        return int(nvml.nvmlDeviceGetCount())
+        return gpu.visible_indices(nvml, environ.get("CUDA_VISIBLE_DEVICES"))
     except nvml.NVMLError:
-        return 0
+        return []
     finally:
         nvml.nvmlShutdown()
 
@@ -49,8 +50,13 @@ class LocalLauncher:
     def __init__(self, settings: Settings, folders: RunFolders) -> None:
         self.settings = settings
         self.folders = folders
-        self.gpu_count = detect_gpu_count()
-        self.capacity = settings.slots or self.gpu_count or os.cpu_count() or 1
+        self.gpus = visible_gpus()
+        self.gpu_count = len(self.gpus)
+        wanted = settings.slots or self.gpu_count or os.cpu_count() or 1
+        # What a run's `devices` hold: GPUs by their NVML index (as the Host page and the samplers name them), one
+        # process each; on a host without GPUs, process slots numbered from 0.
+        self.slots = self.gpus[:wanted] if self.gpus else list(range(wanted))
+        self.capacity = len(self.slots)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def trainer_command(self, run: Run) -> list[str]:
@@ -102,6 +108,7 @@ class LocalLauncher:
             run, folders=self.folders, server_url=self.settings.trainer_url, token=token, launch_id=launch_id
         ))  # fmt: skip
         if self.gpu_count:
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices are then NVML's, which `devices` holds
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
         env.update(run.nccl_env or {})
         return env

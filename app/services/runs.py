@@ -308,7 +308,7 @@ def final_status(
 def _start_queued(db: Session, *, launchers: Launchers) -> None:
     """Submits queued Slurm runs (Slurm queues them), and starts the local runs that fit this host's free slots."""
     busy = {device for run in run_store.runs_with_status(db, ACTIVE) for device in run.devices or []}
-    free = [slot for slot in range(launchers.local.capacity) if slot not in busy]
+    free = [slot for slot in launchers.local.slots if slot not in busy]
     local_blocked = False
     for run in run_store.runs_with_status(db, [RunStatus.queued]):
         if run.launcher == "slurm":
