@@ -30,6 +30,7 @@ from app.auth.throttle import LoginThrottle
 from app.db import make_engine, make_sessionmaker, prepare_schema
 from app.errors import FieldInvalid, FormInvalid, LoginThrottled, RankboardError
 from app.folders import RunFolders
+from app.ingest_threads import IngestThreads
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.launcher.slurm import SlurmLauncher, slurm_available
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         alert_rules=AlertRules.from_settings(settings) if alerting else None,
         alert_sender=AlertSender(sessions, settings) if alerting else None,
     )  # fmt: skip
+    ingest_threads = IngestThreads(settings.ingest_nice)
     host_sampler = HostSampler()  # NVML opened on the first look at the Host page, once for the app
     with sessions() as db:
         users.ensure_first_admin(db, settings=settings)
@@ -77,6 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield
         supervisor.stop()
         host_sampler.close()
+        ingest_threads.close()
         engine.dispose()
 
     app = FastAPI(
@@ -93,6 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.host_sampler = host_sampler
     app.state.run_fragments = SharedFragments()
     app.state.ingest_counters = IngestCounters()
+    app.state.ingest_threads = ingest_threads
     app.state.auth = switch
     app.state.login_throttle = LoginThrottle(limit=settings.login_attempts, window_s=settings.login_window_s)
     app.add_middleware(Guard, settings=settings, sessions=sessions, switch=switch, refuse=_error_response)

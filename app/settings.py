@@ -64,6 +64,11 @@ class Settings(BaseSettings):
     external_lost_after_s: float = Field(
         default=120.0, gt=0, description="A run launched elsewhere that has not posted for this long is lost."
     )
+    ingest_nice: int = Field(
+        default=0, ge=0, le=19,
+        description="Niceness of the threads that take trainers' batches: on a node that trains too, 10 or more lets "
+        "training have the CPU first (Linux).",
+    )  # fmt: skip
     slots: int | None = Field(
         default=None, ge=1, description="Processes the local launcher may run at once; default: GPUs, else CPU cores."
     )

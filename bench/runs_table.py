@@ -98,17 +98,19 @@ def insert_runs(sessions: Any, count: int, rng: random.Random) -> list[int]:
     return ids
 
 
-def ingest(sessions: Any, run_id: int, points: list[dict[str, Any]]) -> None:
-    """Through the service, as the ingest endpoint calls it, BATCH points at a time."""
-    for start in range(0, len(points), BATCH):
-        batch = BatchIn.model_validate({"points": points[start : start + BATCH]})
-        with sessions() as db:
-            metrics.ingest(db, run_id=run_id, token=TOKEN, batch=batch)
-
-
-def series(key: str, steps: int, rng: random.Random, scale: float = 1.0) -> list[dict[str, Any]]:
-    return [{"key": key, "step": step, "value": scale * (1 + rng.random()) / (1 + step / 100)} for step in
-            range(1, steps + 1)]  # fmt: skip
+def ingest(sessions: Any, run_id: int, *series_: tuple[str, int, float]) -> int:
+    """Through the service, as the ingest endpoint calls it, in compact batches of BATCH points; each series is (key,
+    steps, scale), its values a falling loss with noise. Made a batch at a time: 1e8 points never sit in memory."""
+    rng, stored = random.Random(run_id), 0
+    for key, steps, scale in series_:
+        for first in range(1, steps + 1, BATCH):
+            numbers = range(first, min(first + BATCH, steps + 1))
+            values = [scale * (1 + rng.random()) / (1 + step / 100) for step in numbers]
+            column = {"key": key, "steps": list(numbers), "values": values, "times": [1.7e9 + s for s in numbers]}
+            with sessions() as db:
+                metrics.ingest(db, run_id=run_id, token=TOKEN, batch=BatchIn.model_validate({"columns": [column]}))
+            stored += len(values)
+    return stored
 
 
 def build(sessions: Any, *, runs: int, points: int, big: int) -> tuple[list[int], list[int], int, float, int]:
@@ -117,20 +119,14 @@ def build(sessions: Any, *, runs: int, points: int, big: int) -> tuple[list[int]
     started = time.perf_counter()
     ids = insert_runs(sessions, runs, rng)
     stored = 0
-    small: list[dict[str, Any]] = []
     for run_id in ids[10:]:
-        small = series("loss", 50, rng) + series("val_loss", 10, rng, scale=0.8)
-        ingest(sessions, run_id, small)
-        stored += len(small)
+        stored += ingest(sessions, run_id, ("loss", 50, 1.0), ("val_loss", 10, 0.8))
     big_runs = ids[:10]
     for run_id in big_runs:
-        found = series("loss", points // 10, rng) + series("val_loss", 10, rng, scale=0.8)
-        ingest(sessions, run_id, found)
-        stored += len(found)
+        stored += ingest(sessions, run_id, ("loss", points // 10, 1.0), ("val_loss", 10, 0.8))
         print(f"  {stored:,} points stored, {time.perf_counter() - started:.0f} s", flush=True)
     doomed = insert_runs(sessions, 1, rng)[-1]
-    ingest(sessions, doomed, series("loss", big, rng))
-    stored += big
+    stored += ingest(sessions, doomed, ("loss", big, 1.0))
     with sessions() as db, db.begin():
         db.execute(update(Run).where(Run.id != doomed).values(status=RunStatus.succeeded))
         db.execute(update(Run).where(Run.id == doomed).values(status=RunStatus.succeeded))
@@ -196,6 +192,9 @@ def main() -> None:
                                                            big=args.big)  # fmt: skip
             print(f"store: {len(ids) + 1:,} runs, {stored:,} points in {seconds:.0f} s "
                   f"({stored / seconds:,.0f} points/s through the ingest service)")  # fmt: skip
+            if url is None:
+                size = sum(f.stat().st_size for f in (root / "data").glob("*.db*"))
+                print(f"SQLite files: {size / 1e9:.2f} GB, {size / stored:.1f} bytes per point (tiers included)")
             measure(client, ids, big_runs, args.repeats)
             live = insert_runs(app.state.sessions, 1, random.Random(1))[-1]
             calm = ingest_stall(app, doomed=None, live=live, seconds=5)
@@ -243,8 +242,7 @@ def one_run_page(root: Path, postgres: bool, repeats: int) -> None:
         with TestClient(create_app(settings)) as client:
             sessions = client.app.state.sessions  # type: ignore[attr-defined]
             run_id = insert_runs(sessions, 1, random.Random(2))[-1]
-            rng = random.Random(3)
-            ingest(sessions, run_id, series("loss", 50, rng) + series("val_loss", 10, rng))
+            ingest(sessions, run_id, ("loss", 50, 1.0), ("val_loss", 10, 0.8))
             with sessions() as db, db.begin():
                 db.execute(update(Run).values(status=RunStatus.succeeded))
             took = median_ms(lambda: client.get(f"/runs/{run_id}"), repeats)

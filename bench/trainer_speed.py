@@ -80,30 +80,37 @@ def workloads(tmp: Path, repeats: int, epochs: int) -> None:
             print(f"{workload:8}  {nproc:5}  {rate:16.1f}  {rate * batch * nproc:9.0f}", flush=True)
 
 
-def reporting(tmp: Path, repeats: int, epochs: int, workload: str = "mlp", *extra: str) -> None:
-    """The same mlp run with the client on and off, alternated; with 1 rank a core is left to the reporter's thread
-    and the server, as on a GPU node, with 2 ranks they compete with training for this machine's 2 cores."""
-    server = LiveServer(tmp / "server")
-    server.start()
+def reporting(tmp: Path, repeats: int, epochs: int, workload: str, ingest_nice: int, *extra: str) -> None:
+    """The same run with the client on and off, alternated; with 1 rank a core is left to the reporter's thread and
+    the server, as on a GPU node, with 2 ranks they compete with training for this machine's 2 cores.
+
+    With --ingest-nice N a third arm reports to a second server whose ingest threads run at niceness N: what is left
+    of the difference there is the trainer's own reporting (its thread) plus what niceness cannot take away."""
+    servers = {"on": LiveServer(tmp / "server")}
+    if ingest_nice:
+        servers[f"on, ingest nice {ingest_nice}"] = LiveServer(tmp / "niced", RANKBOARD_INGEST_NICE=str(ingest_nice))
+    for server in servers.values():
+        server.start()
     try:
         for nproc in rank_counts():
-            on, off = [], []
+            rates: dict[str, list[float]] = {arm: [] for arm in (*servers, "off")}
             for _ in range(repeats):
-                token = secrets.token_hex(8)
-                run_id = open_run(server, token)
-                env = {**outside_dashboard(), wire.ENV_RUN_ID: str(run_id), wire.ENV_SERVER_URL: server.url,
-                       wire.ENV_TOKEN: token, wire.ENV_RUN_DIR: str(tmp / f"run-{run_id}")}  # fmt: skip
-                on.append(steps_per_s(tmp, nproc, workload, epochs, env, *extra))
-                off.append(steps_per_s(tmp, nproc, workload, epochs, outside_dashboard(), *extra))
-                print(f"  pair {len(on)}: on {on[-1]:.1f}, off {off[-1]:.1f} steps/s", flush=True)
-            paired = statistics.median(1 - a / b for a, b in zip(on, off, strict=True))
-            what = f"{workload} {' '.join(extra)}, {nproc} rank(s), {repeats} pairs"
-            print(
-                f"{what}: reporting on {statistics.median(on):.1f} steps/s {sorted(on)}; off "
-                f"{statistics.median(off):.1f} {sorted(off)}; median of paired slowdowns {100 * paired:+.1f}%"
-            )
+                for arm, server in servers.items():
+                    token = secrets.token_hex(8)
+                    run_id = open_run(server, token)
+                    env = {**outside_dashboard(), wire.ENV_RUN_ID: str(run_id), wire.ENV_SERVER_URL: server.url,
+                           wire.ENV_TOKEN: token, wire.ENV_RUN_DIR: str(tmp / f"{arm}-run-{run_id}")}  # fmt: skip
+                    rates[arm].append(steps_per_s(tmp, nproc, workload, epochs, env, *extra))
+                rates["off"].append(steps_per_s(tmp, nproc, workload, epochs, outside_dashboard(), *extra))
+                print("  " + ", ".join(f"{arm} {values[-1]:.1f}" for arm, values in rates.items()), flush=True)
+            print(f"{workload} {' '.join(extra)}, {nproc} rank(s), {repeats} rounds (steps/s, medians):")
+            for arm, values in rates.items():
+                paired = statistics.median(1 - a / b for a, b in zip(values, rates["off"], strict=True))
+                median = statistics.median(values)
+                print(f"  {arm:20} {median:7.1f}  paired slowdown {100 * paired:+.1f}%  {sorted(values)}")
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
 
 
 def main() -> None:
@@ -113,12 +120,15 @@ def main() -> None:
     parser.add_argument("--part", choices=("all", "workloads", "reporting"), default="all")
     parser.add_argument("--workload", default="mlp", help="the reporting part's workload")
     parser.add_argument("--precision", default="off", help="the reporting part's precision (bf16 on a GPU)")
+    parser.add_argument("--ingest-nice", type=int, default=0, help="add an arm whose server's ingest is this nice")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:  # a server may still be writing
         if args.part in ("all", "workloads"):
             workloads(Path(folder), args.repeats, args.epochs)
         if args.part in ("all", "reporting"):
-            reporting(Path(folder), args.repeats, args.epochs, args.workload, "--precision", args.precision)
+            reporting(
+                Path(folder), args.repeats, args.epochs, args.workload, args.ingest_nice, "--precision", args.precision
+            )
 
 
 if __name__ == "__main__":

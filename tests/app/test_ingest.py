@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 from app.models import Run, RunStatus
 from app.services.runs import hash_token
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, series
+from tests.live import LiveServer, open_run
 from trainer import wire
 
 
@@ -218,3 +220,32 @@ def test_a_batch_of_more_points_than_a_batch_holds_is_refused(client: TestClient
     answer = post_raw(client, run_id, columns(*halves))
     assert answer.status_code == 422 and "a batch holds at most 10000" in answer.text
     assert series(client, run_id) == []
+
+
+def test_ingest_threads_take_the_nice_they_are_given_and_nothing_else_does(tmp_path: Path) -> None:
+    """RANKBOARD_INGEST_NICE=10: the batches are taken on threads at niceness 10 (they yield a shared node's CPU to
+    training); the server's other threads, among them the supervisor's that starts runs, keep niceness 0."""
+    server = LiveServer(tmp_path, RANKBOARD_INGEST_NICE="10", RANKBOARD_SUPERVISE_INTERVAL_S="3600")
+    server.start()
+    try:
+        run_id = open_run(server, TOKEN)
+        with server.api() as api:
+            for step in range(1, 4):  # three batches: more than one thread may take them
+                body = {"points": [{"key": "loss", "step": step, "value": 1.0 / step, "time": 1.0}]}
+                reply = api.post(f"/api/runs/{run_id}/metrics", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+                assert reply.status_code == 200, reply.text
+            assert [p["step"] for p in api.get(f"/api/runs/{run_id}/metrics/loss").json()["points"]] == [1, 2, 3]
+        assert server.process is not None
+        niceness = {int(task.name): thread_nice(task) for task in Path(f"/proc/{server.process.pid}/task").iterdir()}
+    finally:
+        server.stop()
+    assert 10 in niceness.values() and niceness[server_pid(niceness)] == 0
+    assert sorted(set(niceness.values())) == [0, 10]
+
+
+def thread_nice(task: Path) -> int:
+    return int((task / "stat").read_text().rpartition(")")[2].split()[16])  # the field after the command's name
+
+
+def server_pid(niceness: dict[int, int]) -> int:
+    return min(niceness)  # the main thread's id is the process's, the lowest

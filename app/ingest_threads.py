@@ -1,0 +1,38 @@
+"""The threads that take trainers' batches, at a niceness of their own (RANKBOARD_INGEST_NICE).
+
+Where the dashboard shares a node with training, its ingest competes with the trainer for the CPU. On Linux niceness
+belongs to a thread, so these threads can yield to training while the pages' threads keep theirs; and the supervisor's
+thread, which starts the runs, is not one of them, so no run inherits it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+
+WORKERS = 8  # SQLite takes one writer at a time; PostgreSQL is given a few batches at once
+
+
+class IngestThreads:
+    def __init__(self, nice: int) -> None:
+        self.nice = nice
+        self._executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="rankboard-ingest", initializer=self._lower)
+
+    async def run(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+    def _lower(self) -> None:
+        # Not on Linux a thread id is no process id: the batches are taken all the same, at the server's niceness.
+        with contextlib.suppress(OSError):
+            if self.nice:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)  # Linux: this thread alone
