@@ -20,8 +20,14 @@ Last measured (this 2-core machine, CPU, gloo, torch 2.13; batch 64 per rank; me
   alike (not reproduced without a server, nor on later runs; unexplained); such runs are in the medians above.
 
 On one H100 (torch 2.11 + CUDA 13, nccl, 1 rank; 2 ranks cannot share its one GPU), charlm bf16, batch 64, 3
-epochs, 5 alternated pairs: reporting on 90.2 steps/s (369k tokens/s), off 99.6 (408k); median paired slowdown 7.1%,
-pairs from -10.7% to +14.4%. At ~10 ms a step the reporter's thread is no longer lost in the noise as on CPU.
+epochs, 5 alternated pairs, with the per-point client of the time: reporting on 90.2 steps/s (369k tokens/s), off 99.6
+(408k); median paired slowdown 7.1%, pairs from -10.7% to +14.4%. With the compact client (2026-11-23), 10 pairs of
+3 epochs: on 90.7 steps/s, off 87.7; median paired slowdown -3.5%, i.e. nothing measurable against runs that vary
++-10% (1 epoch, 14 pairs: +3.1%, runs varying from 49 to 101 steps/s).
+
+With --ingest-nice 19, on this 2-core machine, quiet, 10 rounds of 1 epoch (2026-11-23): 1 rank on 503.7, niced
+486.4, off 515.0 steps/s (paired +6.4%, +8.3%); 2 ranks on 158.2, niced 161.1, off 169.0 (+6.2%, +3.9%). Runs vary
++-15% here, so neither the cost nor the niceness's effect is resolved at 10 rounds.
 """
 
 from __future__ import annotations
