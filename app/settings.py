@@ -66,8 +66,8 @@ class Settings(BaseSettings):
     )
     ingest_nice: int = Field(
         default=0, ge=0, le=19,
-        description="Niceness of the threads that take trainers' batches: on a node that trains too, 10 or more lets "
-        "training have the CPU first (Linux).",
+        description="Niceness of the threads that take trainers' batches: on a node that trains too, 19 gives "
+        "training the CPU first (Linux).",
     )  # fmt: skip
     slots: int | None = Field(
         default=None, ge=1, description="Processes the local launcher may run at once; default: GPUs, else CPU cores."

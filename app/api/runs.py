@@ -19,7 +19,7 @@ from app.deps import (
     LaunchersDep,
     SessionDep,
     SettingsDep,
-)  # fmt: skip
+)
 from app.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound
 from app.models import Run, RunStatus
 from app.params import (
