@@ -20,18 +20,23 @@ a run page here and in a store with one run. Then ingest stall: one thread sends
 (through the same service) without pause while the --big run is deleted; the longest and the 99th percentile of
 those ingest calls are reported, and the same with no deletion going on, for comparison.
 
-Last measured (this 2-core machine, shared with other test runs: load average 2-4 for the first SQLite run, 7-8 for
-the others), 10,001 runs and 11,599,500 points (short of the issue's 100,000,000: building takes 5 minutes per
-11.6 million here, 38,000-50,000 points/s through the service on SQLite, 8,700 on PostgreSQL under load):
+Last measured (this 2-core machine, quiet, 2026-11-23), 10,001 runs and 101,599,500 points, built in compact batches
+at 269,000 points/s on SQLite (377 s, 7.42 GB: 73.1 bytes a point with the chart tiers) and 49,700 on PostgreSQL:
 
-                                                     SQLite (load ~3)  SQLite (load ~7)  PostgreSQL 15 (load ~7)
-    runs page, val_loss.min < 0.9 sorted by -loss.last    27.6 ms           126 ms            80.7 ms
-    GET /api/runs, the same (50 of 8,758 found)           30.8 ms           153 ms            95.2 ms
-    GET /api/runs tag search / name search              39.6 / 37.3 ms    117 / 115 ms      121 / 110 ms
-    runs page, tag search                                 37.2 ms           131 ms            125 ms
-    compare page, 10 runs of 1,000,000 points             9.6 ms            44.8 ms           72.3 ms
-    its 10 loss charts, width 1000, summed               133 ms            325 ms           1,883 ms
-    run page, 60-point run: here / store of 1 run       4.7 / 5.2 ms      4.4 / 24.3 ms     44.2 / 24.8 ms
+                                                     SQLite            PostgreSQL 15
+    runs page, val_loss.min < 0.9 sorted by -loss.last    34.1 ms           31.9 ms
+    GET /api/runs, the same (50 of 8,754 found)           32.3 ms           33.6 ms
+    GET /api/runs tag search / name search              44.5 / 41.3 ms    37.6 / 33.1 ms
+    runs page, tag search                                 40.6 ms           34.0 ms
+    compare page, 10 runs of 10,000,000 points           11.6 ms           21.9 ms
+    its 10 loss charts, width 1000, summed               157 ms            387 ms
+    run page, 60-point run: here / store of 1 run      10.1 / 7.4 ms     416 / 16.8 ms (before the goodput read's fix)
+    ingest of 100 points while deleting 1,000,000,
+      max / p99 (nothing deleted)                   14.4 / 5.8 (8.1 / 6.2)  18.4 / 13.3 (11.2 / 8.2) ms
+
+Earlier, at 11.6M points and load 3 to 7, with the per-point batches of the time (38,000-50,000 points/s through the
+service on SQLite, 8,700 on PostgreSQL): the same requests took 28-153 ms, the 10 charts 133-325 ms on SQLite and
+1,883 ms on PostgreSQL under load.
 
 Ingest stall while deleting the 1,000,000-point run (100-point batches, max and p99): on SQLite with 20,000-point
 deletion batches back to back, max 734 ms (the fix: smaller batches, a pause after each; app.services.run_deletion);
