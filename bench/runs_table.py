@@ -52,7 +52,6 @@ import argparse
 import contextlib
 import os
 import random
-import statistics
 import tempfile
 import threading
 import time
@@ -70,19 +69,11 @@ from app.schemas import BatchIn, RunCreate
 from app.services import metrics, run_deletion
 from app.services.runs import hash_token
 from app.settings import Settings
+from bench.chart import median_ms
 
 TOKEN = "bench-t0ken"
 BATCH = 10_000  # the most one batch may carry (BatchIn)
 TAGS = [f"sweep-{i}" for i in range(50)]
-
-
-def median_ms(action: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
 
 
 def insert_runs(sessions: Any, count: int, rng: random.Random) -> list[int]:

@@ -51,13 +51,20 @@ class LocalLauncher:
         self.settings = settings
         self.folders = folders
         self.gpus = visible_gpus()
-        self.gpu_count = len(self.gpus)
-        wanted = settings.slots or self.gpu_count or os.cpu_count() or 1
+        wanted = settings.slots or len(self.gpus) or os.cpu_count() or 1
         # What a run's `devices` hold: GPUs by their NVML index (as the Host page and the samplers name them), one
         # process each; on a host without GPUs, process slots numbered from 0.
         self.slots = self.gpus[:wanted] if self.gpus else list(range(wanted))
-        self.capacity = len(self.slots)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def capacity(self) -> int:
+        """Processes that may run at once."""
+        return len(self.slots)
 
     def trainer_command(self, run: Run) -> list[str]:
         """The torchrun command line of a run, as a list: no shell ever sees it."""

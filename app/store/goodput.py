@@ -22,10 +22,10 @@ def latest_ledger_values(db: Session, *, run_id: int) -> list[tuple[str, int, fl
     """
     # The run's ledger series first, then their points by series id: joined in one statement, PostgreSQL cannot
     # tell how few series the prefix picks and read the point table at large (400 ms a run page in a 1e8-point store).
-    in_run = SERIES.c.run_id == run_id, SERIES.c.key.startswith(LEDGER_PREFIX, autoescape=True)
-    keys: dict[int, str] = {
-        series_id: key for series_id, key in db.execute(select(SERIES.c.id, SERIES.c.key).where(*in_run))
-    }
+    ledger = select(SERIES.c.id, SERIES.c.key).where(
+        SERIES.c.run_id == run_id, SERIES.c.key.startswith(LEDGER_PREFIX, autoescape=True)
+    )
+    keys: dict[int, str] = {series_id: key for series_id, key in db.execute(ledger)}
     if not keys:
         return []
     in_ledger = POINTS.c.series_id.in_(keys)

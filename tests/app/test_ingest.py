@@ -236,16 +236,13 @@ def test_ingest_threads_take_the_nice_they_are_given_and_nothing_else_does(tmp_p
                 assert reply.status_code == 200, reply.text
             assert [p["step"] for p in api.get(f"/api/runs/{run_id}/metrics/loss").json()["points"]] == [1, 2, 3]
         assert server.process is not None
-        niceness = {int(task.name): thread_nice(task) for task in Path(f"/proc/{server.process.pid}/task").iterdir()}
+        pid = server.process.pid
+        niceness = {int(task.name): thread_nice(task) for task in Path(f"/proc/{pid}/task").iterdir()}
     finally:
         server.stop()
-    assert 10 in niceness.values() and niceness[server_pid(niceness)] == 0
+    assert 10 in niceness.values() and niceness[pid] == 0  # the main thread's id is the process's
     assert sorted(set(niceness.values())) == [0, 10]
 
 
 def thread_nice(task: Path) -> int:
     return int((task / "stat").read_text().rpartition(")")[2].split()[16])  # the field after the command's name
-
-
-def server_pid(niceness: dict[int, int]) -> int:
-    return min(niceness)  # the main thread's id is the process's, the lowest
