@@ -18,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -223,7 +224,7 @@ class RunEvent(Base):
 
 
 class MetricSeries(Base):
-    """One metric key of one run; its points live in `metric_points`."""
+    """One metric key of one run; its points live in `metric_chunks`."""
 
     __tablename__ = "metric_series"
     __table_args__ = (UniqueConstraint("run_id", "key"),)
@@ -233,26 +234,40 @@ class MetricSeries(Base):
     key: Mapped[str] = mapped_column(String(200))
 
 
-class MetricPoint(Base):
-    """One value at one step from one rank; unique on (series, step, rank) so a resent point is stored once.
+class MetricChunk(Base):
+    """One rank's points of one series with steps in [chunk * SPAN, (chunk + 1) * SPAN), packed (app.store.chunks).
 
-    `value` is NULL only for NaN: SQLite turns NaN into NULL, so that is how NaN is stored there.
+    Clustered on its key (WITHOUT ROWID on SQLite), the only index: a series' chunks are one contiguous range, by
+    step, every rank's of a step range together. `first_time`, the earliest time in the chunk, finds where a run
+    stood at a moment without unpacking every chunk.
     """
 
-    __tablename__ = "metric_points"
-    __table_args__ = (
-        UniqueConstraint("series_id", "step", "rank"),
-        # A live page asks for its run's points newer than the last it got: with this index that is a range read
-        # per series, where the unique index above would read every point of the series on each poll.
-        Index("ix_metric_points_series_id_id", "series_id", "id"),
-    )
+    __tablename__ = "metric_chunks"
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
-    id: Mapped[int] = mapped_column(POINT_ID_TYPE, primary_key=True)
+    series_id: Mapped[int] = mapped_column(
+        ForeignKey("metric_series.id", ondelete="CASCADE"), primary_key=True, autoincrement=False
+    )
+    chunk: Mapped[int] = mapped_column(STEP_TYPE, primary_key=True, autoincrement=False)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    n: Mapped[int] = mapped_column(Integer)
+    first_time: Mapped[float] = mapped_column(Float)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class RecentPoints(Base):
+    """The newest points as they were stored, for live pages: one row per chunk a batch added to, with the points it
+    added, packed as in a chunk. `id` numbers points, not rows: it is the row's last point's number, so a cursor is a
+    point number, as with a point table. Only the newest `app.store.metrics.RECENT_POINTS` are kept."""
+
+    __tablename__ = "metric_recent"
+    __table_args__ = (Index("ix_metric_recent_series_id_id", "series_id", "id"),)
+
+    id: Mapped[int] = mapped_column(POINT_ID_TYPE, primary_key=True, autoincrement=False)
     series_id: Mapped[int] = mapped_column(ForeignKey("metric_series.id", ondelete="CASCADE"))
-    step: Mapped[int] = mapped_column(STEP_TYPE)
-    rank: Mapped[int] = mapped_column(Integer, default=0)
-    value: Mapped[float | None] = mapped_column(Float)
-    time: Mapped[float] = mapped_column(Float)
+    rank: Mapped[int] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Integer)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class RunRank(Base):
@@ -284,8 +299,8 @@ class MetricTier(Base):
     """A series pre-aggregated per `tier` steps, so a zoomed-out chart reads a few rows per pixel, not every point.
 
     One row per (series, tier, bucket, rank): bucket is step // tier; `min_value` and `max_value` ignore NaN (NULL
-    when the bucket holds only NaN); `last_step` is the bucket's highest step, whose value is read from the point
-    itself. Kept up to date on ingest (app.store.charts.refresh_tiers). On SQLite it is stored WITHOUT ROWID: the
+    when the bucket holds only NaN); `last_step` is the bucket's highest step and `last_value` the value there (NULL
+    for NaN). Kept up to date on ingest (app.store.charts.refresh_tiers). On SQLite it is stored WITHOUT ROWID: the
     rows are the primary-key index, so a range of buckets is one contiguous read.
     """
 
@@ -301,6 +316,7 @@ class MetricTier(Base):
     min_value: Mapped[float | None] = mapped_column(Float)
     max_value: Mapped[float | None] = mapped_column(Float)
     last_step: Mapped[int] = mapped_column(STEP_TYPE)
+    last_value: Mapped[float | None] = mapped_column(Float)
 
 
 class RunTag(Base):

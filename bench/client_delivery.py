@@ -21,7 +21,7 @@ import psutil
 from sqlalchemy import func, select
 
 from app.db import make_engine
-from app.models import MetricPoint, MetricSeries
+from app.models import MetricChunk, MetricSeries
 from tests.live import LiveServer, open_run
 from trainer.report import Reporter
 
@@ -39,7 +39,7 @@ def stored_points(server: LiveServer, run_id: int) -> int:
     engine = make_engine(f"sqlite:///{server.root / 'data' / 'rankboard.db'}")
     with engine.connect() as connection:
         count = connection.scalar(
-            select(func.count()).select_from(MetricPoint).join(MetricSeries).where(MetricSeries.run_id == run_id)
+            select(func.sum(MetricChunk.n)).join(MetricSeries).where(MetricSeries.run_id == run_id)
         )
     engine.dispose()
     return int(count or 0)

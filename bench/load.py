@@ -212,7 +212,7 @@ def stored_counts(server: LiveServer) -> dict[int, int]:
     with engine.connect() as connection:
         rows = connection.execute(
             text(
-                "SELECT s.run_id, COUNT(*) FROM metric_points p JOIN metric_series s ON s.id = p.series_id"
+                "SELECT s.run_id, SUM(c.n) FROM metric_chunks c JOIN metric_series s ON s.id = c.series_id"
                 " GROUP BY s.run_id"
             )
         )

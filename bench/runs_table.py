@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select, text, update
 
 from app.launcher import processes
 from app.main import create_app
@@ -191,6 +191,10 @@ def main() -> None:
             if url is None:
                 size = sum(f.stat().st_size for f in (root / "data").glob("*.db*"))
                 print(f"SQLite files: {size / 1e9:.2f} GB, {size / stored:.1f} bytes per point (tiers included)")
+                with app.state.sessions() as db:
+                    tables = db.execute(text("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name")).all()
+                for name, table_bytes in sorted(tables, key=lambda row: -row[1])[:6]:
+                    print(f"  {name}: {table_bytes / 1e6:,.1f} MB, {table_bytes / stored:.2f} bytes per point")
             measure(client, ids, big_runs, args.repeats)
             live = insert_runs(app.state.sessions, 1, random.Random(1))[-1]
             calm = ingest_stall(app, doomed=None, live=live, seconds=5)

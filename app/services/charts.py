@@ -1,4 +1,4 @@
-"""Charts: one series of one run, downsampled in the database to what a chart of a given width can show."""
+"""Charts: one series of one run, downsampled to what a chart of a given width can show."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from app.errors import FieldInvalid, SeriesNotFound
 from app.schemas import ChartOut, ChartRankOut
 from app.services import runs
 from app.store import charts as chart_store
+from app.store import chunks
+from app.store import metrics as metric_store
 from app.store.charts import Bucket
 
 
@@ -34,10 +36,10 @@ def chart(
         raise FieldInvalid("end_step", f"end_step ({end_step}) must not be before start_step ({start_step})")
     with db.begin():
         runs.get_run(db, run_id=run_id)
-        series_id = chart_store.find_series(db, run_id=run_id, key=key)
+        series_id = metric_store.find_series(db, run_id=run_id, key=key)
         if series_id is None:
             raise SeriesNotFound(run_id, key)
-        first, last = chart_store.step_range(db, series_id=series_id) or (0, 0)
+        first, last = chunks.step_range(db, series_id=series_id) or (0, 0)
         if start_step is None:
             start_step = first if end_step is None else min(first, end_step)
         # A range past the last point is a chart with nothing in it yet, not a mistake.

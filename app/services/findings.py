@@ -150,7 +150,7 @@ def nonfinite(db: Session, *, run: Run) -> NonFiniteOut | None:
     return NonFiniteOut(step=step, ranks=ranks, grad_norm_step=norm_step, sentence=sentence)
 
 
-def _first_step(db: Session, *, run: Run, key: str) -> list[metric_store.StoredPoint]:
+def _first_step(db: Session, *, run: Run, key: str) -> list[metric_store.SeriesPoint]:
     points = metric_store.points_in_range(
         db, run_id=run.id, key=key, start_step=0, start_rank=0, end_step=None, limit=MAX_RANKS_NAMED
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import math
 import threading
 from pathlib import Path
 
@@ -15,10 +14,11 @@ from app.models import Run, RunStatus, utcnow
 from app.schemas import BatchIn, IngestResult, PointOut, SeriesOut
 from app.services import dump_requests, external, nodes, runs
 from app.store import charts as chart_store
+from app.store import chunks
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 from app.store import summaries as summary_store
-from app.store.metrics import StoredPoint
+from app.store.metrics import SeriesPoint, StoredPoint
 from trainer import wire
 
 # Queued too: a Slurm job may start, and its trainer post, before the server sees it leave Slurm's queue.
@@ -101,17 +101,22 @@ def advance_progress(run: Run, batch: BatchIn) -> bool:
 def _store_points(db: Session, *, run_id: int, batch: BatchIn) -> int:
     keys = {p.key for p in batch.points} | {column.key for column in batch.columns}
     ids = metric_store.series_ids(db, run_id=run_id, keys=keys)
-    # NaN is stored as NULL (see MetricPoint); `v != v` is NaN's test, inline: this runs once per point.
-    rows = [(ids[p.key], p.step, p.rank, None if math.isnan(p.value) else p.value, p.time) for p in batch.points]
+    grouped: dict[tuple[int, int], tuple[list[int], list[float], list[float]]] = {}
+    for p in batch.points:
+        steps, values, times = grouped.setdefault((ids[p.key], p.rank), ([], [], []))
+        steps.append(p.step)
+        values.append(p.value)
+        times.append(p.time)
     for column in batch.columns:
-        series, rank = ids[column.key], column.rank
-        rows += [(series, step, rank, None if v != v else v, t)
-                 for step, v, t in zip(column.steps, column.values, column.times, strict=True)]  # fmt: skip
-    stored = metric_store.insert_points(db, rows)
-    if stored:  # a batch of nothing but re-sent points cannot change the charts' tiers
-        chart_store.refresh_tiers(db, rows)
-        summary_store.refresh(db, ids.values())  # the runs table's last, min and max, in the same transaction
-    return stored
+        steps, values, times = grouped.setdefault((ids[column.key], column.rank), ([], [], []))
+        steps += column.steps
+        values += column.values
+        times += column.times
+    written = metric_store.insert_points(db, {key: chunks.Column.of(*points) for key, points in grouped.items()})
+    if written:  # a batch of nothing but re-sent points cannot change the charts' tiers
+        chart_store.refresh_tiers(db, written)
+        summary_store.refresh(db, {chunk.series_id for chunk in written})  # the runs table's, in the same transaction
+    return sum(int(chunk.added.sum()) for chunk in written)
 
 
 def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
@@ -154,7 +159,7 @@ def read_series(
     return SeriesOut(key=key, points=[_out(p) for p in page], next_step=following.step, next_rank=next_rank)
 
 
-def _out(point: StoredPoint) -> PointOut:
+def _out(point: SeriesPoint) -> PointOut:
     return PointOut(step=point.step, rank=point.rank, value=point.value, time=point.time)
 
 

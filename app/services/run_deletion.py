@@ -8,23 +8,25 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from app.errors import RunNotActive, RunNotFound
 from app.folders import RunFolders
-from app.models import MetricPoint, MetricSeries, Run, utcnow
+from app.models import MetricSeries, Run, utcnow
 from app.services import runs
-from app.store import audit
+from app.store import audit, chunks
 
-# Rows per transaction: a few ms of SQLite's write lock on a small machine (bench/runs_table.py measures it).
+# Rows per transaction: a few ms of SQLite's write lock on a small machine (bench/runs_table.py measures it); a
+# chunk row (up to chunks.SPAN points) counts as 40.
 BATCH = 2_000
 # After each batch the deletion waits at least this long, or as long as the batch took if longer: a writer that
 # found the lock taken sleeps in SQLite's busy handler (1, 2, 5, 10, 15, 20 ms...), and a deletion that took the lock
 # straight back would find it asleep every time and starve it (an ingest waited 730 ms behind 1,000,000 points).
 PAUSE_S = 0.03
-_POINTS = text(
-    "DELETE FROM metric_points WHERE id IN (SELECT id FROM metric_points WHERE series_id = :series_id LIMIT :n)"
+_CHUNKS = text(
+    "DELETE FROM metric_chunks WHERE series_id = :series_id AND chunk <= (SELECT MAX(chunk) FROM"
+    " (SELECT chunk FROM metric_chunks WHERE series_id = :series_id ORDER BY chunk LIMIT :n) f)"
 )
 _TIERS = text(
     "DELETE FROM metric_tiers WHERE series_id = :series_id AND tier = :tier AND bucket <= (SELECT MAX(bucket) FROM"
@@ -57,8 +59,8 @@ def plan(db: Session, *, run_id: int, folders: RunFolders, files: bool) -> Delet
     """What deleting the run would remove (its folders only with `files`), without removing anything."""
     with db.begin():
         run = runs.get_run(db, run_id=run_id)
-        count = select(func.count()).select_from(MetricPoint).join(MetricSeries).where(MetricSeries.run_id == run_id)
-        points = db.scalar(count) or 0
+        series = db.scalars(select(MetricSeries.id).where(MetricSeries.run_id == run_id)).all()
+        points = chunks.count(db, series_ids=series)
         return DeletionPlan(run.id, run.name, points, _own_folders(run, folders) if files else [])
 
 
@@ -85,7 +87,7 @@ def delete_run(
         run.deleting_at = run.deleting_at or utcnow()
         series = list(db.scalars(select(MetricSeries.id).where(MetricSeries.run_id == run_id)))
     for series_id in series:
-        _delete_batched(db, _POINTS, {"series_id": series_id, "n": batch})
+        _delete_batched(db, _CHUNKS, {"series_id": series_id, "n": max(1, batch // 40)})
         for tier in _tiers_of(db, series_id):
             _delete_batched(db, _TIERS, {"series_id": series_id, "tier": tier, "n": batch})
     with db.begin():  # what is left is a few rows per series, and the run's own: cascades take them

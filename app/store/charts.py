@@ -19,10 +19,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import func, select, text
+import numpy as np
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.store.metrics import POINTS, SERIES, PointRow
+from app.store import chunks
 
 TIER_RATIO = 16
 # Bucket sizes in steps; each tier is built from the one before it, TIER_RATIO of its rows per bucket.
@@ -32,25 +33,25 @@ Span = tuple[int, int, int, int]
 # SQLite allows 32,766 parameters in one statement: 4 per span.
 SPANS_PER_STATEMENT = 8000
 
-_UPSERT = (
-    "INSERT INTO metric_tiers (series_id, tier, bucket, rank, min_value, max_value, last_step) {select}"
+_COLUMNS = "series_id, tier, bucket, rank, min_value, max_value, last_step, last_value"
+_ON_CONFLICT = (
     " ON CONFLICT (series_id, tier, bucket, rank) DO UPDATE SET min_value = excluded.min_value,"
-    " max_value = excluded.max_value, last_step = excluded.last_step"
+    " max_value = excluded.max_value, last_step = excluded.last_step, last_value = excluded.last_value"
 )
-# The finest tier from the points; each coarser one from the tier before it. The tier sizes are our constants,
-# written into the text so that the GROUP BY expression is the same as the selected one on PostgreSQL too.
-_FROM_POINTS = (
-    "SELECT p.series_id, {tier}, p.step / {tier}, p.rank, MIN(p.value), MAX(p.value), MAX(p.step)"
-    " FROM touched t, metric_points p"
-    " WHERE p.series_id = t.series_id AND p.step BETWEEN t.first AND t.last AND p.rank = t.rank"
-    " GROUP BY p.series_id, p.step / {tier}, p.rank"
-)
+# Each coarser tier from the tier before it, the value at each bucket's last step from the finer bucket holding that
+# step. The tier sizes are our constants, written into the text so that the GROUP BY expression is the same as the
+# selected one on PostgreSQL too. (The finest tier comes from the chunks, in Python: `_finest_rows`.)
 _FROM_TIER = (
-    "SELECT f.series_id, {tier}, f.bucket / {ratio}, f.rank, MIN(f.min_value), MAX(f.max_value), MAX(f.last_step)"
-    " FROM touched t, metric_tiers f"
-    " WHERE f.series_id = t.series_id AND f.tier = {finer} AND f.bucket BETWEEN t.first AND t.last"
-    " AND f.rank = t.rank"
-    " GROUP BY f.series_id, f.bucket / {ratio}, f.rank"
+    "SELECT g.series_id, {tier}, g.bucket, g.rank, g.min_value, g.max_value, g.last_step,"
+    " (SELECT l.last_value FROM metric_tiers l WHERE l.series_id = g.series_id AND l.tier = {finer}"
+    "  AND l.bucket = g.last_step / {finer} AND l.rank = g.rank)"
+    " FROM (SELECT f.series_id AS series_id, f.bucket / {ratio} AS bucket, f.rank AS rank,"
+    "  MIN(f.min_value) AS min_value, MAX(f.max_value) AS max_value, MAX(f.last_step) AS last_step"
+    "  FROM touched t, metric_tiers f"
+    "  WHERE f.series_id = t.series_id AND f.tier = {finer} AND f.bucket BETWEEN t.first AND t.last"
+    "  AND f.rank = t.rank"
+    "  GROUP BY f.series_id, f.bucket / {ratio}, f.rank) g"
+    " WHERE true"  # SQLite: without a WHERE, the upsert's ON would read as the join's
 )
 
 
@@ -102,44 +103,52 @@ def plan(*, start_step: int, end_step: int, width: int) -> ChartPlan:
     return ChartPlan(start_step, end_step, origin, bucket_steps, tier)
 
 
-def find_series(db: Session, *, run_id: int, key: str) -> int | None:
-    return db.scalar(select(SERIES.c.id).where(SERIES.c.run_id == run_id, SERIES.c.key == key))
-
-
-def step_range(db: Session, *, series_id: int) -> tuple[int, int] | None:
-    """The lowest and highest step of the series, any rank; None when it has no points."""
-    # Two queries: SQLite answers a lone MIN or MAX with one index seek, but MIN and MAX together with a scan.
-    in_series = POINTS.c.series_id == series_id
-    first = db.scalar(select(func.min(POINTS.c.step)).where(in_series))
-    last = db.scalar(select(func.max(POINTS.c.step)).where(in_series))
-    return None if first is None or last is None else (first, last)
-
-
 def buckets(db: Session, *, series_id: int, chart: ChartPlan, rank: int | None) -> list[Bucket]:
-    """The chart's buckets of every rank (or of `rank`), by rank then step: one statement, aggregated in SQL."""
-    params: dict[str, Any] = {"series_id": series_id, "origin": chart.origin, "bucket_steps": chart.bucket_steps}
-    segments = []
-    for name, first, last in _raw_ranges(chart):
-        segments.append(_raw_segment(name, rank))
-        params |= {f"{name}_first": first, f"{name}_last": last}
+    """The chart's buckets of every rank (or of `rank`), by rank then step.
+
+    Whole tier buckets are aggregated in SQL, each chart bucket's last value read from the tier row holding its last
+    step; the part-filled tier buckets at the ends (or a range too short for any tier) from the chunks' points.
+    """
+    found: dict[tuple[int, int], Bucket] = {}
+    for first, last in _raw_ranges(chart):
+        points = chunks.read(db, series_id=series_id, first=first, last=last, rank=rank)
+        for k, bucket in _aggregated(points, chart):
+            found[k] = _joined(found.get(k), bucket)
     if chart.tier is not None and (whole := _whole_tier_buckets(chart)) is not None:
-        segments.append(_tier_segment(rank))
-        params |= {"tier": chart.tier, "first_bucket": whole[0], "last_bucket": whole[1]}
-        params |= {"tier_origin": chart.origin // chart.tier, "tier_buckets": chart.bucket_steps // chart.tier}
-    if rank is not None:
-        params["rank"] = rank
-    # The value at each bucket's highest step is one lookup in the (series_id, step, rank) index.
-    query = text(
-        "SELECT a.rank, a.last_step, a.min_value, a.max_value,"
-        " (SELECT p.value FROM metric_points p WHERE p.series_id = :series_id AND p.step = a.last_step"
-        "  AND p.rank = a.rank) AS last_value"
-        " FROM (SELECT s.rank AS rank, MIN(s.min_value) AS min_value, MAX(s.max_value) AS max_value,"
-        "  MAX(s.last_step) AS last_step"
-        f"  FROM ({' UNION ALL '.join(segments)}) s GROUP BY s.rank, s.k) a"
-        " ORDER BY a.rank, a.last_step"
-    )
-    rows: Sequence[Any] = db.execute(query, params).all()  # all at once: row by row is several times slower
-    return [Bucket(rank, step, _value(low), _value(high), _value(last)) for rank, step, low, high, last in rows]
+        params: dict[str, Any] = {"series_id": series_id, "tier": chart.tier, "first_bucket": whole[0],
+                                  "last_bucket": whole[1], "tier_origin": chart.origin // chart.tier,
+                                  "tier_buckets": chart.bucket_steps // chart.tier, "rank": rank}  # fmt: skip
+        rows: Sequence[Any] = db.execute(text(_tier_query(rank)), params).all()  # all at once: several times faster
+        for rank_, k, low, high, step, last in rows:
+            found[(rank_, k)] = _joined(
+                found.get((rank_, k)), Bucket(rank_, step, _value(low), _value(high), _value(last))
+            )
+    return sorted(found.values(), key=lambda bucket: (bucket.rank, bucket.step))
+
+
+def _aggregated(points: chunks.Points, chart: ChartPlan) -> list[tuple[tuple[int, int], Bucket]]:
+    """Points as ((rank, k), bucket) of chart bucket k: min and max ignoring NaN, and the value at the last step."""
+    if not len(points):
+        return []
+    k = (points.steps - chart.origin) // chart.bucket_steps
+    order = np.lexsort((points.steps, k, points.ranks))
+    ranks, k, steps, values = points.ranks[order], k[order], points.steps[order], points.values[order]
+    starts = np.flatnonzero(np.r_[True, (np.diff(ranks) != 0) | (np.diff(k) != 0)])
+    ends = np.r_[starts[1:], len(steps)] - 1
+    columns = zip(ranks[starts].tolist(), k[starts].tolist(), steps[ends].tolist(),
+                  np.fmin.reduceat(values, starts).tolist(), np.fmax.reduceat(values, starts).tolist(),
+                  values[ends].tolist(), strict=True)  # fmt: skip
+    return [((rank, k_), Bucket(rank, step, low, high, last)) for rank, k_, step, low, high, last in columns]
+
+
+def _joined(one: Bucket | None, other: Bucket) -> Bucket:
+    """Two parts of one chart bucket as one: NaN in min or max means "no number there", as in the tiers."""
+    if one is None:
+        return other
+    low = one.min if math.isnan(other.min) else other.min if math.isnan(one.min) else min(one.min, other.min)
+    high = one.max if math.isnan(other.max) else other.max if math.isnan(one.max) else max(one.max, other.max)
+    last = one if one.step > other.step else other
+    return Bucket(one.rank, last.step, low, high, last.last)
 
 
 def _value(stored: float | None) -> float:
@@ -153,53 +162,50 @@ def _whole_tier_buckets(chart: ChartPlan) -> tuple[int, int] | None:
     return (first, last) if first <= last else None
 
 
-def _raw_ranges(chart: ChartPlan) -> list[tuple[str, int, int]]:
+def _raw_ranges(chart: ChartPlan) -> list[tuple[int, int]]:
     """The step ranges read from raw points: all of it without a tier, else the part-filled tier buckets at the ends."""
     whole = None if chart.tier is None else _whole_tier_buckets(chart)
     if chart.tier is None or whole is None:
-        return [("raw", chart.start_step, chart.end_step)]
+        return [(chart.start_step, chart.end_step)]
     head_end, tail_start = whole[0] * chart.tier - 1, (whole[1] + 1) * chart.tier
     ranges = []
     if chart.start_step <= head_end:
-        ranges.append(("head", chart.start_step, head_end))
+        ranges.append((chart.start_step, head_end))
     if tail_start <= chart.end_step:
-        ranges.append(("tail", tail_start, chart.end_step))
+        ranges.append((tail_start, chart.end_step))
     return ranges
 
 
-def _raw_segment(name: str, rank: int | None) -> str:
+def _tier_query(rank: int | None) -> str:
     only_rank = " AND rank = :rank" if rank is not None else ""
     return (
-        "SELECT rank, (step - :origin) / :bucket_steps AS k, MIN(value) AS min_value, MAX(value) AS max_value,"
-        " MAX(step) AS last_step FROM metric_points"
-        f" WHERE series_id = :series_id AND step BETWEEN :{name}_first AND :{name}_last{only_rank}"
-        " GROUP BY rank, k"
+        "SELECT a.rank, a.k, a.min_value, a.max_value, a.last_step,"
+        " (SELECT t.last_value FROM metric_tiers t WHERE t.series_id = :series_id AND t.tier = :tier"
+        "  AND t.bucket = a.last_step / :tier AND t.rank = a.rank)"
+        " FROM (SELECT rank, (bucket - :tier_origin) / :tier_buckets AS k, MIN(min_value) AS min_value,"
+        "  MAX(max_value) AS max_value, MAX(last_step) AS last_step FROM metric_tiers"
+        f"  WHERE series_id = :series_id AND tier = :tier AND bucket BETWEEN :first_bucket AND :last_bucket{only_rank}"
+        "  GROUP BY rank, k) a"
     )
 
 
-def _tier_segment(rank: int | None) -> str:
-    only_rank = " AND rank = :rank" if rank is not None else ""
-    return (
-        "SELECT rank, (bucket - :tier_origin) / :tier_buckets AS k, MIN(min_value) AS min_value,"
-        " MAX(max_value) AS max_value, MAX(last_step) AS last_step FROM metric_tiers"
-        f" WHERE series_id = :series_id AND tier = :tier AND bucket BETWEEN :first_bucket AND :last_bucket{only_rank}"
-        " GROUP BY rank, k"
-    )
+def refresh_tiers(db: Session, written: Sequence[chunks.Written]) -> None:
+    """Recomputes every tier bucket that the chunks' added points fall in, from what they hold now.
 
-
-def refresh_tiers(db: Session, rows: Sequence[PointRow]) -> None:
-    """Recomputes every tier bucket that the rows' steps fall in, from what is stored now.
-
-    Call it after inserting the rows, in the same transaction. It recomputes rather than merges, so a re-sent or
-    overlapping batch gives the same rows as sending it once. One INSERT ... SELECT ... ON CONFLICT DO UPDATE per
-    tier (more only past SQLite's parameter limit), over the ranges of buckets the batch touched.
+    Call it after writing the chunks, in the same transaction. It recomputes rather than merges, so a re-sent or
+    overlapping batch gives the same rows as sending it once. The finest tier comes from the chunks in hand (a tier
+    bucket lies in one chunk: chunks.SPAN); each coarser one from one INSERT ... SELECT ... ON CONFLICT DO UPDATE
+    (more only past SQLite's parameter limit) over the ranges of buckets the batch touched.
     """
-    finest = TIERS[0]
-    # Per (series, rank): ranges of the finest tier's buckets that the batch touched.
-    touched = {(series_id, rank, step // finest) for series_id, step, rank, _v, _t in rows}
-    spans = _merged((series_id, rank, bucket, bucket) for series_id, rank, bucket in touched)
-    in_steps = [(series_id, rank, first * finest, last * finest + finest - 1) for series_id, rank, first, last in spans]
-    _upsert(db, _UPSERT.format(select=_FROM_POINTS.format(tier=finest)), in_steps)
+    rows = [row for chunk in written for row in _finest_rows(chunk)]
+    if not rows:
+        return
+    connection = db.connection()
+    marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    connection.exec_driver_sql(
+        f"INSERT INTO metric_tiers ({_COLUMNS}) VALUES ({', '.join([marker] * 8)}){_ON_CONFLICT}", rows
+    )
+    spans = _merged((series_id, rank, bucket, bucket) for series_id, _tier, bucket, rank, *_values in rows)
     for finer, tier in itertools.pairwise(TIERS):
         ratio = tier // finer
         spans = _merged((series_id, rank, first // ratio, last // ratio) for series_id, rank, first, last in spans)
@@ -207,7 +213,28 @@ def refresh_tiers(db: Session, rows: Sequence[PointRow]) -> None:
         in_finer = [
             (series_id, rank, first * ratio, last * ratio + ratio - 1) for series_id, rank, first, last in spans
         ]
-        _upsert(db, _UPSERT.format(select=_FROM_TIER.format(tier=tier, ratio=ratio, finer=finer)), in_finer)
+        select = _FROM_TIER.format(tier=tier, ratio=ratio, finer=finer)
+        _upsert(db, f"INSERT INTO metric_tiers ({_COLUMNS}) {select}{_ON_CONFLICT}", in_finer)
+
+
+def _finest_rows(chunk: chunks.Written) -> list[tuple[Any, ...]]:
+    """The finest tier's rows of the buckets of a chunk that gained points, with NULL for NaN."""
+    finest = TIERS[0]
+    steps, values = chunk.merged.steps, chunk.merged.values
+    bucket = steps // finest
+    starts = np.flatnonzero(np.r_[True, np.diff(bucket) != 0])
+    ends = np.r_[starts[1:], len(bucket)] - 1
+    lows, highs = np.fmin.reduceat(values, starts), np.fmax.reduceat(values, starts)
+    touched = np.isin(bucket[starts], bucket[chunk.added])
+    starts, ends, lows, highs = starts[touched], ends[touched], lows[touched], highs[touched]
+    rows = zip(bucket[starts].tolist(), _nulls(lows), _nulls(highs), steps[ends].tolist(), _nulls(values[ends]),
+               strict=True)  # fmt: skip
+    return [(chunk.series_id, finest, b, chunk.rank, low, high, step, last) for b, low, high, step, last in rows]
+
+
+def _nulls(values: np.ndarray) -> list[float | None]:
+    """NaN as None: SQLite would turn NaN into NULL, but PostgreSQL keeps it, and sorts it above every number."""
+    return [None if value != value else value for value in values.tolist()]
 
 
 def _merged(spans: Iterable[Span]) -> list[Span]:

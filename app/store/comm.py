@@ -4,24 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import and_, func, select
+import numpy as np
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.store.metrics import POINTS, SERIES
+from app.store import chunks
+from app.store.metrics import SERIES
 
 
 def recent_means(db: Session, *, run_id: int, keys: Sequence[str], steps: int) -> dict[tuple[str, int], float]:
-    """{(key, rank): mean} of each series over its last `steps` steps (from its newest point back)."""
-    newest = (
-        select(SERIES.c.id.label("series_id"), SERIES.c.key, func.max(POINTS.c.step).label("top"))
-        .join(POINTS, POINTS.c.series_id == SERIES.c.id)
-        .where(SERIES.c.run_id == run_id, SERIES.c.key.in_(list(keys)))
-        .group_by(SERIES.c.id, SERIES.c.key)
-        .subquery()
-    )
-    query = (
-        select(newest.c.key, POINTS.c.rank, func.avg(POINTS.c.value))
-        .join(POINTS, and_(POINTS.c.series_id == newest.c.series_id, POINTS.c.step > newest.c.top - steps))
-        .group_by(newest.c.key, POINTS.c.rank)
-    )
-    return {(key, rank): float(mean) for key, rank, mean in db.execute(query) if mean is not None}
+    """{(key, rank): mean} of each series over its last `steps` steps (from its newest point back), NaN left out."""
+    series = db.execute(select(SERIES.c.id, SERIES.c.key).where(SERIES.c.run_id == run_id, SERIES.c.key.in_(keys)))
+    means = {}
+    for series_id, key in series.all():
+        newest = chunks.newest(db, series_id=series_id)
+        if not len(newest):
+            continue
+        top = int(newest.steps[-1])
+        points = chunks.read(db, series_id=series_id, first=top - steps + 1, last=top)
+        for rank in np.unique(points.ranks).tolist():
+            values = points.values[(points.ranks == rank) & ~np.isnan(points.values)]
+            if len(values):
+                means[(key, rank)] = float(values.mean())
+    return means

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Table, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.models import Run, RunStatus
-from app.store.metrics import POINTS, SERIES
+from app.models import MetricSummary, Run, RunStatus
+
+SUMMARIES: Table = MetricSummary.__table__  # type: ignore[assignment]
 
 
 def runs_by_status(db: Session) -> dict[RunStatus, int]:
@@ -25,20 +26,16 @@ def latest_gpu_samples(
 ) -> list[tuple[int, str, float | None]]:
     """(run_id, key, value) of the newest point of each `gpu/<host>/<index>/<field>` series of the runs.
 
-    The newest is the highest step (GPU samples are at step = unix seconds): MAX over the series' own range of the
-    (series, step, rank) index, one lookup per series however long it is.
+    The newest is the highest step (GPU samples are at step = unix seconds), as the series' summary keeps it (the
+    lowest rank's, where ranks share the step: one node's sampler reports each GPU).
     """
     if not run_ids:
         return []
-    inner = POINTS.alias("newest_points")
-    newest = select(func.max(inner.c.step)).where(inner.c.series_id == SERIES.c.id).scalar_subquery()
-    keys = or_(*(SERIES.c.key.like(f"gpu/%/{field}") for field in fields))
+    keys = or_(*(SUMMARIES.c.key.like(f"gpu/%/{field}") for field in fields))
     query = (
-        select(SERIES.c.run_id, SERIES.c.key, func.max(POINTS.c.value))  # one value if ranks share the step
-        .join(POINTS, POINTS.c.series_id == SERIES.c.id)
-        .where(SERIES.c.run_id.in_(list(run_ids)), keys, POINTS.c.step == newest)
-        .group_by(SERIES.c.run_id, SERIES.c.key)
-        .order_by(SERIES.c.run_id.desc(), SERIES.c.key)
+        select(SUMMARIES.c.run_id, SUMMARIES.c.key, SUMMARIES.c.last_value)
+        .where(SUMMARIES.c.run_id.in_(list(run_ids)), keys)
+        .order_by(SUMMARIES.c.run_id.desc(), SUMMARIES.c.key)
         .limit(limit)
     )
     return [(run_id, key, value) for run_id, key, value in db.execute(query)]

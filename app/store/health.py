@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import func, or_, select
+import numpy as np
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.models import RunEvent
-from app.store.metrics import POINTS, SERIES
+from app.store import chunks
+from app.store.metrics import SERIES
 
 
 def gpu_means(
@@ -17,18 +19,18 @@ def gpu_means(
 ) -> dict[str, float | None]:
     """The mean of each `gpu/<host>/<index>/<field>` series of the run over start_step <= step <= end_step.
 
-    GPU samples are at step = unix seconds, so this is a time window: the step bounds keep the read to those rows
-    of the (series, step, rank) index, however long the series. Series without a point there are left out; a mean
-    is None when the window holds only NaN.
+    GPU samples are at step = unix seconds, so this is a time window: the step bounds keep the read to the chunks
+    that hold it, however long the series. Series without a point there are left out; a mean is None when the window
+    holds only NaN.
     """
     keys = or_(*(SERIES.c.key.like(f"gpu/%/{field}") for field in fields))
-    query = (
-        select(SERIES.c.key, func.avg(POINTS.c.value))
-        .join(POINTS, POINTS.c.series_id == SERIES.c.id)
-        .where(SERIES.c.run_id == run_id, keys, POINTS.c.step >= start_step, POINTS.c.step <= end_step)
-        .group_by(SERIES.c.key)
-    )
-    return {key: None if mean is None else float(mean) for key, mean in db.execute(query)}
+    means: dict[str, float | None] = {}
+    for series_id, key in db.execute(select(SERIES.c.id, SERIES.c.key).where(SERIES.c.run_id == run_id, keys)).all():
+        values = chunks.read(db, series_id=series_id, first=start_step, last=end_step).values
+        if len(values):
+            numbers = values[~np.isnan(values)]
+            means[key] = float(numbers.mean()) if len(numbers) else None
+    return means
 
 
 def last_event(db: Session, *, run_id: int, prefixes: Sequence[str], since: datetime | None) -> RunEvent | None:

@@ -1,24 +1,24 @@
-"""Metric series and their points."""
+"""Metric series, their points (packed: app.store.chunks), and the log of new points that live pages read."""
 
 from __future__ import annotations
 
-import itertools
-import math
-from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
-from sqlalchemy import Insert, Result, Table, func, or_, select
+from sqlalchemy import Insert, Table, delete, func, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import MetricPoint, MetricSeries
+from app.models import MetricSeries, RecentPoints
+from app.store import chunks
 
-# (series_id, step, rank, value, time); value None is NaN (see MetricPoint).
-PointRow = tuple[int, int, int, float | None, float]
-# SQLite allows 32,766 parameters in one statement: 5 per row.
-ROWS_PER_INSERT = 6000
+# How many of the newest points the log for live pages keeps (`points_after`): about 13 MB. A page that falls
+# further behind than that (hours away at the rates trainers send) misses what was dropped until it reloads.
+RECENT_POINTS = 1_000_000
+# The advisory lock that numbers the log's rows in commit order on PostgreSQL: any fixed number of our own.
+RECENT_LOCK = 0x52616E6B  # "Rank"
 
-POINTS: Table = MetricPoint.__table__  # type: ignore[assignment]
+RECENT: Table = RecentPoints.__table__  # type: ignore[assignment]
 SERIES: Table = MetricSeries.__table__  # type: ignore[assignment]
 
 
@@ -30,6 +30,15 @@ class StoredPoint(NamedTuple):
 
     id: int
     key: str
+    step: int
+    rank: int
+    value: float
+    time: float
+
+
+class SeriesPoint(NamedTuple):
+    """A point of a series as read back by step."""
+
     step: int
     rank: int
     value: float
@@ -51,99 +60,105 @@ def series_ids(db: Session, *, run_id: int, keys: Iterable[str]) -> dict[str, in
     return {key: series_id for key, series_id in rows}
 
 
-def insert_points(db: Session, rows: Sequence[PointRow]) -> int:
-    """Inserts (series_id, step, rank, value, time) rows, skipping those already stored; returns how many were new.
+def insert_points(db: Session, columns: Mapping[tuple[int, int], chunks.Column]) -> list[chunks.Written]:
+    """Stores each (series_id, rank)'s points, skipping those already stored; returns the chunks that changed.
 
-    One multi-row INSERT per chunk, sent through the driver: building SQLAlchemy parameters row by row costs more
-    than the insert itself. Every chunk of a batch has the same text, so the driver's statement cache reuses it.
+    The series are locked first on PostgreSQL, whose concurrent transactions would otherwise both read a chunk and
+    both write it back, one losing the other's points (SQLite has taken its one write lock already: `series_ids`
+    wrote). The new points are also logged for live pages (`points_after`).
     """
-    connection = db.connection()
-    if connection.dialect.name == "postgresql":
-        return _insert_arrays(db, rows)
-    marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
-    stored = 0
-    for start in range(0, len(rows), ROWS_PER_INSERT):
-        chunk = rows[start : start + ROWS_PER_INSERT]
-        values = ",".join([f"({marker},{marker},{marker},{marker},{marker})"] * len(chunk))
-        result = connection.exec_driver_sql(
-            f"INSERT INTO metric_points (series_id, step, rank, value, time) VALUES {values} ON CONFLICT DO NOTHING",
-            tuple(itertools.chain.from_iterable(chunk)),
-        )
-        stored += max(result.rowcount, 0)
-    return stored
+    if db.get_bind().dialect.name == "postgresql":
+        locked = select(SERIES.c.id).where(SERIES.c.id.in_({series_id for series_id, _rank in columns}))
+        db.execute(locked.order_by(SERIES.c.id).with_for_update())
+    written = chunks.write(db, columns)
+    _log_recent(db, written)
+    return written
 
 
-def _insert_arrays(db: Session, rows: Sequence[PointRow]) -> int:
-    """PostgreSQL's way: five arrays, one per column, unnested into rows by the server. A multi-row VALUES of
-    thousands of parameters made psycopg spend ~75 us per row (bench/ingest.py --postgres); this is one statement."""
-    if not rows:
-        return 0
-    series, steps, ranks, values, times = (list(column) for column in zip(*rows, strict=True))
-    result = db.connection().exec_driver_sql(
-        "INSERT INTO metric_points (series_id, step, rank, value, time) SELECT * FROM unnest("
-        "%s::integer[], %s::bigint[], %s::integer[], %s::double precision[], %s::double precision[])"
-        " ON CONFLICT DO NOTHING",
-        (series, steps, ranks, values, times),
-    )
-    return max(result.rowcount, 0)
+def _log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
+    """Logs the points just added, one row per chunk, numbered on from the log's last point; forgets all but the
+    newest RECENT_POINTS.
+
+    On PostgreSQL a lock held to the commit numbers the rows in commit order, so a live page that saw a row has seen
+    every row numbered before it (with a sequence, a transaction committing later could add a lower number).
+    """
+    if not written:
+        return
+    if db.get_bind().dialect.name == "postgresql":
+        db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": RECENT_LOCK})
+    top = db.scalar(select(func.max(RECENT.c.id))) or 0
+    rows = []
+    for chunk in written:
+        merged, added = chunk.merged, chunk.added
+        top += int(added.sum())
+        blob = chunks.encode(merged.steps[added], merged.values[added], merged.times[added])
+        rows.append({"id": top, "series_id": chunk.series_id, "rank": chunk.rank, "n": int(added.sum()), "data": blob})
+    db.execute(insert(RECENT), rows)
+    db.execute(delete(RECENT).where(RECENT.c.id <= top - RECENT_POINTS))
 
 
 def series_keys(db: Session, *, run_id: int) -> list[str]:
     return list(db.scalars(select(SERIES.c.key).where(SERIES.c.run_id == run_id).order_by(SERIES.c.key)))
 
 
-def _point_columns() -> Any:
-    return select(POINTS.c.id, SERIES.c.key, POINTS.c.step, POINTS.c.rank, POINTS.c.value, POINTS.c.time).join(
-        SERIES, SERIES.c.id == POINTS.c.series_id
-    )
-
-
-def _stored(result: Result[Any]) -> list[StoredPoint]:
-    # All rows at once: iterating a result fetches them one by one, several times slower. NULL stands for NaN (see
-    # MetricPoint).
-    rows: Sequence[Any] = result.all()
-    return [
-        StoredPoint(id_, key, step, rank, math.nan if value is None else value, time)
-        for id_, key, step, rank, value, time in rows
-    ]
+def find_series(db: Session, *, run_id: int, key: str) -> int | None:
+    return db.scalar(select(SERIES.c.id).where(SERIES.c.run_id == run_id, SERIES.c.key == key))
 
 
 def points_in_range(
     db: Session, *, run_id: int, key: str, start_step: int, start_rank: int, end_step: int | None, limit: int
-) -> list[StoredPoint]:
+) -> list[SeriesPoint]:
     """Points of one series from (start_step, start_rank) on, up to end_step, by step then rank."""
-    # The step bound alone keeps the read to a range of the (series, step, rank) index; the OR then drops the ranks
-    # of start_step before start_rank.
-    after = or_(POINTS.c.step > start_step, POINTS.c.rank >= start_rank)
-    query = _point_columns().where(SERIES.c.run_id == run_id, SERIES.c.key == key, POINTS.c.step >= start_step, after)
-    if end_step is not None:
-        query = query.where(POINTS.c.step <= end_step)
-    return _stored(db.execute(query.order_by(POINTS.c.step, POINTS.c.rank).limit(limit)))
+    series_id = find_series(db, run_id=run_id, key=key)
+    stored = None if series_id is None else chunks.step_range(db, series_id=series_id)
+    if series_id is None or stored is None:
+        return []
+    first, end = max(start_step, stored[0]), stored[1] if end_step is None else min(end_step, stored[1])
+    # Read in windows of steps, each four times the one before, until `limit` points: a page of a long series
+    # decodes a few chunks past its end, not the series.
+    parts, found, window = [], 0, chunks.SPAN * (limit // chunks.SPAN + 1)
+    while first <= end and found < limit:
+        last = min(end, first + window - 1)
+        points = chunks.read(db, series_id=series_id, first=first, last=last)
+        points = points.take((points.steps > start_step) | (points.ranks >= start_rank))
+        parts.append(points)
+        found += len(points)
+        first, window = last + 1, window * 4
+    page = chunks.Points.joined(parts).take(slice(0, limit))
+    return [SeriesPoint(*point) for point in zip(*(column.tolist() for column in page.columns()), strict=True)]
 
 
 def points_after(db: Session, *, run_id: int, after_id: int, limit: int) -> list[StoredPoint]:
-    """Points of every series of the run stored after the point with id `after_id`, in the order they came."""
-    query = _point_columns().where(SERIES.c.run_id == run_id, POINTS.c.id > after_id)
-    return _stored(db.execute(query.order_by(POINTS.c.id).limit(limit)))
+    """Points of every series of the run logged after the point with id `after_id`, in the order they came: `limit`
+    or a few more (whole logged rows). A cursor older than the log's RECENT_POINTS gets what the log still holds."""
+    query = (
+        select(RECENT.c.id, SERIES.c.key, RECENT.c.rank, RECENT.c.n, RECENT.c.data)
+        .join(SERIES, SERIES.c.id == RECENT.c.series_id)
+        .where(SERIES.c.run_id == run_id, RECENT.c.id > after_id)
+        .order_by(RECENT.c.id)
+    )
+    found: list[StoredPoint] = []
+    for last_id, key, rank, n, data in db.execute(query).yield_per(64):
+        column = chunks.decode(data, n)
+        ids = range(last_id - n + 1, last_id + 1)
+        rows = zip(ids, column.steps.tolist(), column.values.tolist(), column.times.tolist(), strict=True)
+        found += [StoredPoint(id_, key, step, rank, value, time) for id_, step, value, time in rows if id_ > after_id]
+        if len(found) >= limit:
+            break
+    return found
 
 
 def last_value(db: Session, *, run_id: int, key: str) -> float | None:
     """The value at the highest step of a series (rank 0), or None when it has no points."""
-    points = db.execute(
-        _point_columns()
-        .where(SERIES.c.run_id == run_id, SERIES.c.key == key, POINTS.c.rank == 0)
-        .order_by(POINTS.c.step.desc())
-        .limit(1)
-    )
-    stored = _stored(points)
-    return stored[0].value if stored else None
+    series_id = find_series(db, run_id=run_id, key=key)
+    newest = chunks.Points.empty() if series_id is None else chunks.newest(db, series_id=series_id, rank=0)
+    return float(newest.values[-1]) if len(newest) else None
 
 
 def last_point_id(db: Session) -> int:
-    """The newest point's id of any run, 0 without any: where a freshly loaded page's live stream starts.
+    """The newest logged point's id of any run, 0 without any: where a freshly loaded page's live stream starts.
 
     Any run's, not only the page's: ids are one sequence, so everything of this run up to it is already in what the
-    page's charts read, and MAX over the primary key is one index lookup, where the run's own newest would scan
-    every point of its series.
+    page's charts read, and MAX over the primary key is one index lookup.
     """
-    return db.scalar(select(func.max(POINTS.c.id))) or 0
+    return db.scalar(select(func.max(RECENT.c.id))) or 0

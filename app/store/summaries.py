@@ -17,7 +17,8 @@ from app.store.charts import TIERS
 _REFRESH = text(
     "INSERT INTO metric_summaries (series_id, run_id, key, last_step, last_value, min_value, max_value)"
     " SELECT s.id, s.run_id, s.key, a.last_step,"
-    "  (SELECT p.value FROM metric_points p WHERE p.series_id = s.id AND p.step = a.last_step ORDER BY p.rank LIMIT 1),"
+    "  (SELECT l.last_value FROM metric_tiers l WHERE l.series_id = s.id AND l.tier = :tier"
+    "   AND l.bucket = a.last_step / :tier AND l.last_step = a.last_step ORDER BY l.rank LIMIT 1),"
     "  a.min_value, a.max_value"
     " FROM metric_series s JOIN (SELECT t.series_id AS series_id, MAX(t.last_step) AS last_step,"
     "  MIN(t.min_value) AS min_value, MAX(t.max_value) AS max_value FROM metric_tiers t"

@@ -50,8 +50,10 @@ def counts(client: TestClient, run_id: int) -> dict[str, int]:
         found = {table: db.scalar(text(f"SELECT COUNT(*) FROM {table} WHERE run_id = :r"), {"r": run_id})
                  for table in TABLES}  # fmt: skip
         series = "(SELECT id FROM metric_series WHERE run_id = :r)"
-        for table in ("metric_points", "metric_tiers"):
+        for table in ("metric_chunks", "metric_tiers", "metric_recent"):
             found[table] = db.scalar(text(f"SELECT COUNT(*) FROM {table} WHERE series_id IN {series}"), {"r": run_id})
+        points = f"SELECT COALESCE(SUM(n), 0) FROM metric_chunks WHERE series_id IN {series}"
+        found["points"] = db.scalar(text(points), {"r": run_id})
         found["runs"] = db.scalar(text("SELECT COUNT(*) FROM runs WHERE id = :r"), {"r": run_id})
         return found
 
@@ -75,7 +77,7 @@ def test_delete_removes_exactly_that_runs_rows_and_folders(client: TestClient, t
     plan = client.delete(f"/api/runs/{doomed}", params={"files": "true", "dry_run": "true"}).json()
     assert plan["points"] == 2 * 299 * 2 and plan["bytes"] == 2000 and not plan["deleted"]
     assert sorted(f["path"] for f in plan["folders"]) == [f"checkpoints/run-{doomed}", f"logs/run-{doomed}"]
-    assert counts(client, doomed)["metric_points"] == plan["points"]  # a dry run deletes nothing
+    assert counts(client, doomed)["points"] == plan["points"]  # a dry run deletes nothing
 
     done = client.delete(f"/api/runs/{doomed}", params={"files": "true"})
     assert done.status_code == 200 and done.json()["deleted"]
