@@ -19,6 +19,7 @@ Through TestClient, alternating batch by batch: 11.5 ms per 1,000-point batch wi
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import tempfile
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
+    os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")  # the name TestClient sends (app.auth.guard)
     with tempfile.TemporaryDirectory() as root:
         settings = Settings(data_dir=Path(root) / "data", shared_dir=Path(root) / "shared", supervise_interval_s=3600)
         app = create_app(settings)

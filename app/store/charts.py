@@ -197,9 +197,9 @@ def refresh_tiers(db: Session, written: Sequence[chunks.Written]) -> None:
     bucket lies in one chunk: chunks.SPAN); each coarser one from one INSERT ... SELECT ... ON CONFLICT DO UPDATE
     (more only past SQLite's parameter limit) over the ranges of buckets the batch touched.
     """
-    rows = [row for chunk in written for row in _finest_rows(chunk)]
-    if not rows:
+    if not written:
         return
+    rows = _finest_rows(written)
     connection = db.connection()
     marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
     connection.exec_driver_sql(
@@ -217,19 +217,23 @@ def refresh_tiers(db: Session, written: Sequence[chunks.Written]) -> None:
         _upsert(db, f"INSERT INTO metric_tiers ({_COLUMNS}) {select}{_ON_CONFLICT}", in_finer)
 
 
-def _finest_rows(chunk: chunks.Written) -> list[tuple[Any, ...]]:
-    """The finest tier's rows of the buckets of a chunk that gained points, with NULL for NaN."""
+def _finest_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
+    """The finest tier's rows of the buckets that gained points, with NULL for NaN: all chunks in one pass."""
     finest = TIERS[0]
-    steps, values = chunk.merged.steps, chunk.merged.values
+    steps = np.concatenate([chunk.merged.steps for chunk in written])
+    values = np.concatenate([chunk.merged.values for chunk in written])
+    owner = np.repeat(np.arange(len(written)), [len(chunk.merged.steps) for chunk in written])
     bucket = steps // finest
-    starts = np.flatnonzero(np.r_[True, np.diff(bucket) != 0])
-    ends = np.r_[starts[1:], len(bucket)] - 1
+    starts = np.flatnonzero(np.r_[True, (np.diff(bucket) != 0) | (np.diff(owner) != 0)])
+    ends = np.r_[starts[1:], len(steps)] - 1
     lows, highs = np.fmin.reduceat(values, starts), np.fmax.reduceat(values, starts)
-    touched = np.isin(bucket[starts], bucket[chunk.added])
+    touched = np.logical_or.reduceat(np.concatenate([chunk.added for chunk in written]), starts)
     starts, ends, lows, highs = starts[touched], ends[touched], lows[touched], highs[touched]
-    rows = zip(bucket[starts].tolist(), _nulls(lows), _nulls(highs), steps[ends].tolist(), _nulls(values[ends]),
-               strict=True)  # fmt: skip
-    return [(chunk.series_id, finest, b, chunk.rank, low, high, step, last) for b, low, high, step, last in rows]
+    series = np.array([chunk.series_id for chunk in written])[owner[starts]].tolist()
+    ranks = np.array([chunk.rank for chunk in written])[owner[starts]].tolist()
+    rows = zip(series, bucket[starts].tolist(), ranks, _nulls(lows), _nulls(highs), steps[ends].tolist(),
+               _nulls(values[ends]), strict=True)  # fmt: skip
+    return [(s, finest, b, rank, low, high, step, last) for s, b, rank, low, high, step, last in rows]
 
 
 def _nulls(values: np.ndarray) -> list[float | None]:

@@ -94,14 +94,15 @@ class Written:
     added: np.ndarray  # bool mask over merged
 
 
-def encode(steps: np.ndarray, values: np.ndarray, times: np.ndarray) -> bytes:
-    """Steps (ascending; stored as deltas), values and times as one compressed, byte-shuffled blob."""
+def encode(steps: np.ndarray, values: np.ndarray, times: np.ndarray, level: int = LEVEL) -> bytes:
+    """Steps (ascending; stored as deltas), values and times as one compressed, byte-shuffled blob; at `level` 0
+    only framed, for data kept briefly."""
     columns = np.empty((3, len(steps)), dtype="<u8")
     columns[0] = np.diff(steps, prepend=0).astype("<i8").view("<u8")
     columns[1] = values.astype("<f8").view("<u8")
     columns[2] = times.astype("<f8").view("<u8")
     shuffled = columns.view(np.uint8).reshape(3, len(steps), 8).transpose(0, 2, 1)
-    return zlib.compress(shuffled.tobytes(), LEVEL)
+    return zlib.compress(shuffled.tobytes(), level)
 
 
 def decode(blob: bytes, n: int) -> Column:
@@ -132,21 +133,9 @@ def write(db: Session, columns: Mapping[tuple[int, int], Column]) -> list[Writte
     stored = _read_chunks(db, incoming.keys())
     written, rows = [], []
     for key, new in incoming.items():
-        old = stored.get(key)
-        if old is None:
-            merged, added = new, np.ones(len(new.steps), dtype=bool)
-        else:
-            fresh = ~np.isin(new.steps, old.steps, assume_unique=True)
-            if not fresh.any():
-                continue
-            steps = np.concatenate([old.steps, new.steps[fresh]])
-            order = np.argsort(steps, kind="stable")
-            merged = Column(
-                steps[order],
-                np.concatenate([old.values, new.values[fresh]])[order],
-                np.concatenate([old.times, new.times[fresh]])[order],
-            )
-            added = np.concatenate([np.zeros(len(old.steps), bool), np.ones(int(fresh.sum()), bool)])[order]
+        merged, added = _merged(stored.get(key), new)
+        if not added.any():
+            continue
         written.append(Written(key[0], key[2], merged, added))
         blob = encode(merged.steps, merged.values, merged.times)
         rows.append((*key, len(merged.steps), float(merged.times.min()), blob))
@@ -159,6 +148,23 @@ def write(db: Session, columns: Mapping[tuple[int, int], Column]) -> list[Writte
             rows,
         )
     return written
+
+
+def _merged(old: Column | None, new: Column) -> tuple[Column, np.ndarray]:
+    """A chunk's points with the new ones whose step it lacks, and a mask of those over the result."""
+    if old is None:
+        return new, np.ones(len(new.steps), dtype=bool)
+    if old.steps[-1] < new.steps[0]:  # a trainer appending: the common case, without a search or a sort
+        steps = np.concatenate([old.steps, new.steps])
+        merged = Column(steps, np.concatenate([old.values, new.values]), np.concatenate([old.times, new.times]))
+        return merged, np.r_[np.zeros(len(old.steps), bool), np.ones(len(new.steps), bool)]
+    fresh = ~np.isin(new.steps, old.steps, assume_unique=True)
+    steps = np.concatenate([old.steps, new.steps[fresh]])
+    order = np.argsort(steps, kind="stable")
+    values = np.concatenate([old.values, new.values[fresh]])[order]
+    times = np.concatenate([old.times, new.times[fresh]])[order]
+    added = np.concatenate([np.zeros(len(old.steps), bool), np.ones(int(fresh.sum()), bool)])[order]
+    return Column(steps[order], values, times), added
 
 
 def _read_chunks(db: Session, keys: Iterable[ChunkKey]) -> dict[ChunkKey, Column]:

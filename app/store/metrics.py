@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import Insert, Table, delete, func, insert, select, text
+import numpy as np
+from sqlalchemy import Insert, Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -76,25 +77,35 @@ def insert_points(db: Session, columns: Mapping[tuple[int, int], chunks.Column])
 
 
 def _log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
-    """Logs the points just added, one row per chunk, numbered on from the log's last point; forgets all but the
-    newest RECENT_POINTS.
+    """Logs the points just added, one row per (series, rank), numbered on from the log's last point; forgets all
+    but the newest RECENT_POINTS. Stored uncompressed: the log is small, and only kept a while.
 
     On PostgreSQL a lock held to the commit numbers the rows in commit order, so a live page that saw a row has seen
     every row numbered before it (with a sequence, a transaction committing later could add a lower number).
     """
     if not written:
         return
-    if db.get_bind().dialect.name == "postgresql":
-        db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": RECENT_LOCK})
-    top = db.scalar(select(func.max(RECENT.c.id))) or 0
-    rows = []
+    connection = db.connection()
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (RECENT_LOCK,))
+    added: dict[tuple[int, int], list[chunks.Column]] = {}
     for chunk in written:
-        merged, added = chunk.merged, chunk.added
-        top += int(added.sum())
-        blob = chunks.encode(merged.steps[added], merged.values[added], merged.times[added])
-        rows.append({"id": top, "series_id": chunk.series_id, "rank": chunk.rank, "n": int(added.sum()), "data": blob})
-    db.execute(insert(RECENT), rows)
-    db.execute(delete(RECENT).where(RECENT.c.id <= top - RECENT_POINTS))
+        mask = chunk.added
+        piece = chunks.Column(chunk.merged.steps[mask], chunk.merged.values[mask], chunk.merged.times[mask])
+        added.setdefault((chunk.series_id, chunk.rank), []).append(piece)
+    top = connection.exec_driver_sql("SELECT MAX(id) FROM metric_recent").scalar() or 0
+    rows = []
+    for (series_id, rank), pieces in added.items():
+        steps = np.concatenate([piece.steps for piece in pieces])
+        values = np.concatenate([piece.values for piece in pieces])
+        times = np.concatenate([piece.times for piece in pieces])
+        top += len(steps)
+        rows.append((top, series_id, rank, len(steps), chunks.encode(steps, values, times, level=0)))
+    marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    connection.exec_driver_sql(
+        f"INSERT INTO metric_recent (id, series_id, rank, n, data) VALUES ({', '.join([marker] * 5)})", rows
+    )
+    connection.exec_driver_sql(f"DELETE FROM metric_recent WHERE id <= {marker}", (top - RECENT_POINTS,))
 
 
 def series_keys(db: Session, *, run_id: int) -> list[str]:
