@@ -1,9 +1,9 @@
-"""Charts: a series cut into at most `width` buckets, each bucket's min, max and last value computed by the database.
+"""Charts: a series cut into at most `width` buckets, each bucket's min, max and last value exact.
 
 Reading every point of a million-point series per request would freeze the page, and thinning by stride or average
-loses the spike that matters. So the database aggregates, and for wide buckets it aggregates pre-aggregated rows:
-`metric_tiers` keeps each rank's min, max and highest step per `tier` steps, for each tier in TIERS, refreshed on
-ingest from the points themselves (so re-sending a batch changes nothing).
+loses the spike that matters. So wide buckets are aggregated from pre-aggregated rows: `metric_tiers` keeps each
+rank's min, max, highest step and the value there per `tier` steps, for each tier in TIERS, refreshed on ingest
+from the points themselves (so re-sending a batch changes nothing).
 
 A chart reads the coarsest tier whose bucket fits in the requested bucket, so at most TIER_RATIO * width rows per
 rank, or the raw points when the requested bucket is smaller than the finest tier (fewer than TIERS[0] * width
@@ -201,7 +201,7 @@ def refresh_tiers(db: Session, written: Sequence[chunks.Written]) -> None:
         return
     rows = _finest_rows(written)
     connection = db.connection()
-    marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    marker = chunks.marker(connection)
     connection.exec_driver_sql(
         f"INSERT INTO metric_tiers ({_COLUMNS}) VALUES ({', '.join([marker] * 8)}){_ON_CONFLICT}", rows
     )
@@ -254,7 +254,7 @@ def _merged(spans: Iterable[Span]) -> list[Span]:
 
 def _upsert(db: Session, statement: str, spans: Sequence[Span]) -> None:
     connection = db.connection()
-    marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    marker = chunks.marker(connection)
     for start in range(0, len(spans), SPANS_PER_STATEMENT):
         chunk = spans[start : start + SPANS_PER_STATEMENT]
         values = ",".join([f"({marker},{marker},{marker},{marker})"] * len(chunk))

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.models import MetricSeries, RecentPoints
 from app.store import chunks
 
-# How many of the newest points the log for live pages keeps (`points_after`): about 13 MB. A page that falls
+# How many of the newest points the log for live pages keeps (`points_after`): about 25 MB. A page that falls
 # further behind than that (hours away at the rates trainers send) misses what was dropped until it reloads.
 RECENT_POINTS = 1_000_000
 # The advisory lock that numbers the log's rows in commit order on PostgreSQL: any fixed number of our own.
@@ -101,7 +101,7 @@ def _log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
         times = np.concatenate([piece.times for piece in pieces])
         top += len(steps)
         rows.append((top, series_id, rank, len(steps), chunks.encode(steps, values, times, level=0)))
-    marker = "?" if connection.dialect.paramstyle == "qmark" else "%s"
+    marker = chunks.marker(connection)
     connection.exec_driver_sql(
         f"INSERT INTO metric_recent (id, series_id, rank, n, data) VALUES ({', '.join([marker] * 5)})", rows
     )

@@ -2,7 +2,8 @@
 
 Recomputed rather than merged, like the chart tiers, so a re-sent batch changes nothing: the min, max and highest step
 come from the coarsest tier (app.store.charts), whose buckets together hold every point of the series, so the
-read is a few rows per series however long it is; the last value is then one lookup in the (series, step, rank) index.
+read is a few rows per series however long it is; the last value, the lowest rank's at the highest step, is in the
+tier row that holds that step.
 """
 
 from __future__ import annotations

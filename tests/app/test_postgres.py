@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.db import make_engine
 from app.main import create_app
 from app.models import Base, Run, RunStatus
+from app.schemas import BatchIn
+from app.services import metrics
 from app.services.runs import hash_token
 from app.settings import Settings
+from app.store import metrics as metric_store
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, series
 from tests.postgres import new_database, postgres_bin, postgres_server
 from trainer import wire
@@ -139,3 +143,26 @@ def test_the_runs_table_filters_sorts_searches_and_deletes_on_postgresql(pg_clie
     assert pg_client.delete(f"/api/runs/{a}").json()["points"] == 2
     assert [run["id"] for run in pg_client.get("/api/runs").json()["items"]] == [c, b]
     assert pg_client.get(f"/api/runs/{a}/metrics").status_code == 404
+
+
+def test_batches_into_the_same_chunks_at_once_lose_nothing_on_postgresql(pg_client: TestClient) -> None:
+    """Each batch reads a chunk and writes it back: two at once must not both start from the same chunk."""
+    run_id = running_run(pg_client)
+    sessions = pg_client.app.state.sessions  # type: ignore[attr-defined]
+
+    def send(offset: int) -> None:
+        for first in range(
+            0, 2000, 100
+        ):  # 4 threads interleave their steps: each batch lands in chunks the others write
+            steps = range(first * 4 + offset, (first + 100) * 4, 4)
+            body = wire.Batch(columns=(wire.Column("loss", 0, list(steps), [1.0] * 100, [1.7e9] * 100),)).to_json()
+            with sessions() as db:
+                metrics.ingest(db, run_id=run_id, token=TOKEN, batch=BatchIn.model_validate(body))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(send, range(4)))
+    assert [step for step, _rank in read_all_pages(pg_client, run_id, "loss", limit=10_000)] == list(range(8000))
+    with sessions() as db:
+        logged = metric_store.points_after(db, run_id=run_id, after_id=0, limit=100_000)
+    assert sorted(point.step for point in logged) == list(range(8000))
+    assert [point.id for point in logged] == list(range(1, 8001))  # numbered in commit order, each once
