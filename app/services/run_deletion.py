@@ -18,7 +18,7 @@ from app.services import runs
 from app.store import audit, chunks
 
 # Rows per transaction: a few ms of SQLite's write lock on a small machine (bench/runs_table.py measures it); a
-# chunk row (up to chunks.SPAN points) counts as 40.
+# chunk row (up to chunks.SPAN points) counts as 16.
 BATCH = 2_000
 # After each batch the deletion waits at least this long, or as long as the batch took if longer: a writer that
 # found the lock taken sleeps in SQLite's busy handler (1, 2, 5, 10, 15, 20 ms...), and a deletion that took the lock
@@ -87,7 +87,7 @@ def delete_run(
         run.deleting_at = run.deleting_at or utcnow()
         series = list(db.scalars(select(MetricSeries.id).where(MetricSeries.run_id == run_id)))
     for series_id in series:
-        _delete_batched(db, _CHUNKS, {"series_id": series_id, "n": max(1, batch // 40)})
+        _delete_batched(db, _CHUNKS, {"series_id": series_id, "n": max(1, batch // 16)})
         for tier in _tiers_of(db, series_id):
             _delete_batched(db, _TIERS, {"series_id": series_id, "tier": tier, "n": batch})
     with db.begin():  # what is left is a few rows per series, and the run's own: cascades take them
