@@ -86,7 +86,9 @@ def workloads(tmp: Path, repeats: int, epochs: int) -> None:
             print(f"{workload:8}  {nproc:5}  {rate:16.1f}  {rate * batch * nproc:9.0f}", flush=True)
 
 
-def reporting(tmp: Path, repeats: int, epochs: int, workload: str, ingest_nice: int, *extra: str) -> None:
+def reporting(
+    tmp: Path, repeats: int, epochs: int, workload: str, ingest_nice: int, ranks: list[int] | None, *extra: str
+) -> None:
     """The same run with the client on and off, alternated; with 1 rank a core is left to the reporter's thread and
     the server, as on a GPU node, with 2 ranks they compete with training for this machine's 2 cores.
 
@@ -98,7 +100,7 @@ def reporting(tmp: Path, repeats: int, epochs: int, workload: str, ingest_nice: 
     for server in servers.values():
         server.start()
     try:
-        for nproc in rank_counts():
+        for nproc in ranks or rank_counts():
             rates: dict[str, list[float]] = {arm: [] for arm in (*servers, "off")}
             for _ in range(repeats):
                 for arm, server in servers.items():
@@ -127,14 +129,14 @@ def main() -> None:
     parser.add_argument("--workload", default="mlp", help="the reporting part's workload")
     parser.add_argument("--precision", default="off", help="the reporting part's precision (bf16 on a GPU)")
     parser.add_argument("--ingest-nice", type=int, default=0, help="add an arm whose server's ingest is this nice")
+    parser.add_argument("--ranks", type=int, nargs="*", help="the rank counts to run (default: 1 and 2, as GPUs allow)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:  # a server may still be writing
         if args.part in ("all", "workloads"):
             workloads(Path(folder), args.repeats, args.epochs)
         if args.part in ("all", "reporting"):
-            reporting(
-                Path(folder), args.repeats, args.epochs, args.workload, args.ingest_nice, "--precision", args.precision
-            )
+            reporting(Path(folder), args.repeats, args.epochs, args.workload, args.ingest_nice, args.ranks,
+                      "--precision", args.precision)  # fmt: skip
 
 
 if __name__ == "__main__":
