@@ -20,19 +20,24 @@ a run page here and in a store with one run. Then ingest stall: one thread sends
 (through the same service) without pause while the --big run is deleted; the longest and the 99th percentile of
 those ingest calls are reported, and the same with no deletion going on, for comparison.
 
-Last measured (this 2-core machine, quiet, 2026-11-23), 10,001 runs and 101,599,500 points, built in compact batches
-at 269,000 points/s on SQLite (377 s, 7.42 GB: 73.1 bytes a point with the chart tiers) and 49,700 on PostgreSQL:
+Last measured (this 2-core machine, quiet, 2026-11-23), 10,001 runs and 101,599,500 points, with the points packed
+in chunks (app.store.chunks), built in compact batches at 407,800 points/s on SQLite (249 s, 1.40 GB: 13.8 bytes a
+point in all; the chunks 10.2, the chart tiers 3.2, the live pages' log 0.24) and 183,000 on PostgreSQL (555 s):
 
                                                      SQLite            PostgreSQL 15
-    runs page, val_loss.min < 0.9 sorted by -loss.last    34.1 ms           31.9 ms
-    GET /api/runs, the same (50 of 8,754 found)           32.3 ms           33.6 ms
-    GET /api/runs tag search / name search              44.5 / 41.3 ms    37.6 / 33.1 ms
-    runs page, tag search                                 40.6 ms           34.0 ms
-    compare page, 10 runs of 10,000,000 points           11.6 ms           21.9 ms
-    its 10 loss charts, width 1000, summed               157 ms            387 ms
-    run page, 60-point run: here / store of 1 run      10.1 / 7.4 ms     416 / 16.8 ms (before the goodput read's fix)
+    runs page, val_loss.min < 0.9 sorted by -loss.last    29.9 ms           39.8 ms
+    GET /api/runs, the same (50 of 8,754 found)           32.9 ms           39.1 ms
+    GET /api/runs tag search / name search              42.6 / 41.7 ms    42.9 / 36.7 ms
+    runs page, tag search                                 39.3 ms           40.3 ms
+    compare page, 10 runs of 10,000,000 points            9.4 ms           24.4 ms
+    its 10 loss charts, width 1000, summed               106 ms            188 ms
+    run page, 60-point run: here / store of 1 run       6.2 / 7.5 ms     14.8 / 12.0 ms
     ingest of 100 points while deleting 1,000,000,
-      max / p99 (nothing deleted)                   14.4 / 5.8 (8.1 / 6.2)  18.4 / 13.3 (11.2 / 8.2) ms
+      max / p99 (nothing deleted)                   36.9 / 5.5 (11.1 / 6.2)  12.5 / 10.9 (14.6 / 12.6) ms
+    deleting the 1,000,000-point run                      6.7 s             5.5 s
+
+With one row per point (until 0015), the same store: 269,000 and 49,700 points/s to build, 7.42 GB on SQLite (73.1
+bytes a point), 10 charts 157 and 387 ms, run page 10.1 and 416 ms (before the goodput read's fix), deletion 21.7 s.
 
 Earlier, at 11.6M points and load 3 to 7, with the per-point batches of the time (38,000-50,000 points/s through the
 service on SQLite, 8,700 on PostgreSQL): the same requests took 28-153 ms, the 10 charts 133-325 ms on SQLite and
