@@ -25,6 +25,13 @@ epochs, 5 alternated pairs, with the per-point client of the time: reporting on 
 3 epochs: on 90.7 steps/s, off 87.7; median paired slowdown -3.5%, i.e. nothing measurable against runs that vary
 +-10% (1 epoch, 14 pairs: +3.1%, runs varying from 49 to 101 steps/s).
 
+On the GPU node's 16 CPU cores (CUDA hidden, gloo, OMP_NUM_THREADS=2, points in chunks; 2026-11-23, one device
+call each, cut short by its time limit): 1 rank, 9 pairs: on 244.2, off 272.0 steps/s, median paired slowdown
++13.3%, every pair slower (+1.7% to +33.4%); 2 ranks, 10 pairs: on 212.3, off 223.4, median paired +1.1% (-20.7%
+to +27.5%). With cores to spare the server's CPU is not what costs the 1-rank run, and its main thread makes the
+same calls on and off: what remains is the trainer's own threads (reporter, sampler) taking the GIL from a loop
+that needs it for every op. Not resolved yet.
+
 With --ingest-nice 19, on this 2-core machine, quiet, 10 rounds of 1 epoch (2026-11-23): 1 rank on 503.7, niced
 486.4, off 515.0 steps/s (paired +6.4%, +8.3%); 2 ranks on 158.2, niced 161.1, off 169.0 (+6.2%, +3.9%). Runs vary
 +-15% here, so neither the cost nor the niceness's effect is resolved at 10 rounds.
