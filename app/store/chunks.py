@@ -272,7 +272,14 @@ def newest_points(db: Session, *, series_id: int, limit: int) -> Points:
     return points.take(slice(max(0, len(points) - limit), None))
 
 
-def ranks(db: Session, *, series_id: int) -> list[int]:
-    """The ranks the series has points of."""
-    query = text("SELECT DISTINCT rank FROM metric_chunks WHERE series_id = :series_id ORDER BY rank")
-    return list(db.scalars(query, {"series_id": series_id}))
+def newest_of_each_rank(db: Session, *, series_id: int) -> Points:
+    """The points of each rank's highest chunk of the series: one statement, however many ranks."""
+    rows = db.execute(
+        text(
+            "SELECT c.rank, c.n, c.data FROM metric_chunks c JOIN (SELECT rank, MAX(chunk) AS top FROM metric_chunks"
+            " WHERE series_id = :series_id GROUP BY rank) t ON c.rank = t.rank AND c.chunk = t.top"
+            " WHERE c.series_id = :series_id"
+        ),
+        {"series_id": series_id},
+    )
+    return _points(rows.all())

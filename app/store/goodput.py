@@ -27,10 +27,9 @@ def latest_ledger_values(db: Session, *, run_id: int) -> list[tuple[str, int, fl
     )
     found = []
     for series_id, key in db.execute(ledger).all():
-        for rank in chunks.ranks(db, series_id=series_id):
-            newest = chunks.newest(db, series_id=series_id, rank=rank)
-            value = float(newest.values[-1])
-            found.append((key, rank, None if math.isnan(value) else value))
+        newest = chunks.newest_of_each_rank(db, series_id=series_id)  # by step: a rank's last is its newest
+        last = {rank: value for rank, value in zip(newest.ranks.tolist(), newest.values.tolist(), strict=True)}
+        found += [(key, rank, None if math.isnan(value) else value) for rank, value in sorted(last.items())]
     return found
 
 
