@@ -109,14 +109,16 @@ def reporting(
     try:
         for nproc in ranks or rank_counts():
             rates: dict[str, list[float]] = {arm: [] for arm in (*servers, "off")}
-            for _ in range(repeats):
-                for arm, server in servers.items():
-                    token = secrets.token_hex(8)
-                    run_id = open_run(server, token)
-                    env = {**outside_dashboard(), wire.ENV_RUN_ID: str(run_id), wire.ENV_SERVER_URL: server.url,
-                           wire.ENV_TOKEN: token, wire.ENV_RUN_DIR: str(tmp / f"{arm}-run-{run_id}")}  # fmt: skip
+            for round_ in range(repeats):
+                order = [*servers, "off"]
+                for arm in order if round_ % 2 == 0 else order[::-1]:  # each arm goes first in half the rounds
+                    env = outside_dashboard()
+                    if arm != "off":
+                        token, server = secrets.token_hex(8), servers[arm]
+                        run_id = open_run(server, token)
+                        env |= {wire.ENV_RUN_ID: str(run_id), wire.ENV_SERVER_URL: server.url, wire.ENV_TOKEN: token,
+                                wire.ENV_RUN_DIR: str(tmp / f"{arm}-run-{run_id}")}  # fmt: skip
                     rates[arm].append(steps_per_s(tmp, nproc, workload, epochs, env, *extra))
-                rates["off"].append(steps_per_s(tmp, nproc, workload, epochs, outside_dashboard(), *extra))
                 print("  " + ", ".join(f"{arm} {values[-1]:.1f}" for arm, values in rates.items()), flush=True)
             print(f"{workload} {' '.join(extra)}, {nproc} rank(s), {repeats} rounds (steps/s, medians):")
             for arm, values in rates.items():
