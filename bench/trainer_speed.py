@@ -28,9 +28,10 @@ epochs, 5 alternated pairs, with the per-point client of the time: reporting on 
 On the GPU node's 16 CPU cores (CUDA hidden, gloo, OMP_NUM_THREADS=2, points in chunks; 2026-11-23, one device
 call each, cut short by its time limit): 1 rank, 9 pairs: on 244.2, off 272.0 steps/s, median paired slowdown
 +13.3%, every pair slower (+1.7% to +33.4%); 2 ranks, 10 pairs: on 212.3, off 223.4, median paired +1.1% (-20.7%
-to +27.5%). With cores to spare the server's CPU is not what costs the 1-rank run, and its main thread makes the
-same calls on and off: what remains is the trainer's own threads (reporter, sampler) taking the GIL from a loop
-that needs it for every op. Not resolved yet.
+to +27.5%). Then with the order alternated (5 rounds on another such machine): 1 rank on 315.4, off 400.4, median
+paired +11.5%, every pair slower. So the 1-rank cost is real, and the order is not it. Nor is the server's CPU (14
+cores idle), nor the trainer's main thread (the same calls on and off, ~3 us a step), nor its reporter and sampler
+threads' CPU: 0.04 s over a 21.7 s run, 0.2% (psutil, per thread, here). Not resolved yet.
 
 With --ingest-nice 19, on this 2-core machine, quiet, 10 rounds of 1 epoch (2026-11-23): 1 rank on 503.7, niced
 486.4, off 515.0 steps/s (paired +6.4%, +8.3%); 2 ranks on 158.2, niced 161.1, off 169.0 (+6.2%, +3.9%). Runs vary
