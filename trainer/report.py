@@ -332,8 +332,14 @@ class Reporter:
         if self._spool.pending and time.monotonic() >= self._retry_at:
             self._replay_spool()
         if self._points:
-            while self._points and not self._run_over:
-                self._deliver(self._take_batch())
+            # What was queued by now, and no more: what the loop logs during these posts waits for the next tick.
+            # Draining to empty instead chased the loop with back-to-back posts of a few steps each (80 a second
+            # for an mlp at 270 steps/s), and that run was 11-13% slower for it (bench/trainer_speed.py).
+            due = len(self._points)
+            while due > 0 and not self._run_over:
+                batch = self._take_batch(due)
+                due -= len(batch)
+                self._deliver(batch)
         elif time.monotonic() - self._last_attempt >= self._heartbeat_interval and not self._spool.pending:
             self._deliver([])
 
@@ -352,8 +358,8 @@ class Reporter:
         if self._connection is not None:
             self._connection.close()
 
-    def _take_batch(self) -> list[_Raw]:
-        return [self._points.popleft() for _ in range(min(len(self._points), self._max_batch))]
+    def _take_batch(self, most: int = wire.MAX_POINTS_PER_BATCH) -> list[_Raw]:
+        return [self._points.popleft() for _ in range(min(len(self._points), self._max_batch, most))]
 
     def _deliver(self, points: list[_Raw], *, keep_empty: bool = False) -> None:
         """Send a batch, or spool it: always while older batches wait in the spool, so that order is kept."""

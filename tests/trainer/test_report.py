@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.live import LiveServer, free_port, open_run, set_run, wait_for
 from trainer import wire
@@ -20,7 +21,8 @@ TOKEN = "client-token"
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path, RANKBOARD_SUPERVISE_INTERVAL_S="3600")  # runs here are opened, never launched
+    # Runs here are opened, never launched; /metrics counts the batches the server took.
+    server = LiveServer(tmp_path, RANKBOARD_SUPERVISE_INTERVAL_S="3600", RANKBOARD_PROMETHEUS="1")
     server.start()
     yield server
     server.stop()
@@ -71,6 +73,28 @@ def test_points_and_progress_reach_the_server(server: LiveServer, tmp_path: Path
         run = api.get(f"/api/runs/{run_id}").json()
     assert (run["step"], run["total_steps"], run["samples_per_s"]) == (3, 10, 99.0)
     assert not reporter.spool_path.exists()
+
+
+def batches_taken(server: LiveServer) -> float:
+    with server.api() as api:
+        scraped = text_string_to_metric_families(api.get("/metrics").text)
+    return next(f.samples[0].value for f in scraped if f.name == "rankboard_ingest_batches")
+
+
+def test_a_loop_that_logs_every_step_gets_one_post_a_flush_interval(server: LiveServer, tmp_path: Path) -> None:
+    """A reporter that chased the loop with one post after another, each of a few steps' points (80 a second for an
+    mlp at 270 steps/s), made that run 11-13% slower."""
+    run_id = open_run(server, TOKEN)
+    before = batches_taken(server)
+    reporter = Reporter(server.url, str(run_id), TOKEN, tmp_path, flush_interval=0.25)
+    deadline, step = time.monotonic() + 1.5, 0
+    while time.monotonic() < deadline:  # a loop at ~500 steps/s, logging 4 metrics a step
+        step += 1
+        reporter.log({"loss": step / 7, "lr": 1e-3, "grad_norm": 1.0, "samples_per_s": 1.0}, step=step)
+        time.sleep(0.002)
+    reporter.close()
+    assert stored(server, run_id) == losses(range(1, step + 1))  # every point, once
+    assert batches_taken(server) - before <= 1.5 / 0.25 + 3  # a tick's, a wake's and close()'s, not one a few steps
 
 
 def test_a_heartbeat_comes_when_there_are_no_points(server: LiveServer, tmp_path: Path) -> None:
