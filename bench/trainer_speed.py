@@ -41,6 +41,8 @@ With --ingest-nice 19, on this 2-core machine, quiet, 10 rounds of 1 epoch (2026
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import re
 import secrets
@@ -48,8 +50,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import psutil
 import torch
 
 from tests.live import LiveServer, open_run
@@ -58,17 +64,24 @@ from trainer import wire
 RATE = re.compile(r"\[rank 0\] finished after \d+ steps, final loss [\d.na]+, ([\d.]+) steps/s")
 
 
-def steps_per_s(tmp: Path, nproc: int, workload: str, epochs: int, env: dict[str, str], *extra: str) -> float:
+def train_once(
+    tmp: Path, nproc: int, workload: str, epochs: int, env: dict[str, str], *extra: str, module: str = "trainer"
+) -> tuple[float, str]:
+    """The run's steps/s, and its output."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "-m", "trainer", "--workload", workload, "--epochs", str(epochs), "--checkpoint-every", "1000",
+        "-m", module, "--workload", workload, "--epochs", str(epochs), "--checkpoint-every", "1000",
         "--checkpoint-dir", str(tmp / secrets.token_hex(4)), *extra,
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     match = RATE.search(done.stdout)
     if match is None:
         raise RuntimeError(f"no rate in the output:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    return float(match.group(1))
+    return float(match.group(1)), done.stdout
+
+
+def steps_per_s(tmp: Path, nproc: int, workload: str, epochs: int, env: dict[str, str]) -> float:
+    return train_once(tmp, nproc, workload, epochs, env)[0]
 
 
 def rank_counts() -> list[int]:
@@ -100,8 +113,9 @@ def reporting(
     """The same run with the client on and off, alternated; with 1 rank a core is left to the reporter's thread and
     the server, as on a GPU node, with 2 ranks they compete with training for this machine's 2 cores.
 
-    With --ingest-nice N a third arm reports to a second server whose ingest threads run at niceness N: what is left
-    of the difference there is the trainer's own reporting (its thread) plus what niceness cannot take away."""
+    Each run goes through bench/trainer_probe.py, which says where a difference lies: the server's CPU time over the
+    run, the reporter's posts and its thread's CPU time, and the steps during which a post was under way against
+    the others. With --ingest-nice N a third arm reports to a second server whose ingest threads run at niceness N."""
     servers = {"on": LiveServer(tmp / "server")}
     if ingest_nice:
         servers[f"on, ingest nice {ingest_nice}"] = LiveServer(tmp / "niced", RANKBOARD_INGEST_NICE=str(ingest_nice))
@@ -109,26 +123,71 @@ def reporting(
         server.start()
     try:
         for nproc in ranks or rank_counts():
-            rates: dict[str, list[float]] = {arm: [] for arm in (*servers, "off")}
+            runs: dict[str, list[Probed]] = {arm: [] for arm in (*servers, "off")}
             for round_ in range(repeats):
                 order = [*servers, "off"]
                 for arm in order if round_ % 2 == 0 else order[::-1]:  # each arm goes first in half the rounds
-                    env = outside_dashboard()
-                    if arm != "off":
-                        token, server = secrets.token_hex(8), servers[arm]
-                        run_id = open_run(server, token)
-                        env |= {wire.ENV_RUN_ID: str(run_id), wire.ENV_SERVER_URL: server.url, wire.ENV_TOKEN: token,
-                                wire.ENV_RUN_DIR: str(tmp / f"{arm}-run-{run_id}")}  # fmt: skip
-                    rates[arm].append(steps_per_s(tmp, nproc, workload, epochs, env, *extra))
-                print("  " + ", ".join(f"{arm} {values[-1]:.1f}" for arm, values in rates.items()), flush=True)
-            print(f"{workload} {' '.join(extra)}, {nproc} rank(s), {repeats} rounds (steps/s, medians):")
-            for arm, values in rates.items():
-                paired = statistics.median(1 - a / b for a, b in zip(values, rates["off"], strict=True))
-                median = statistics.median(values)
-                print(f"  {arm:20} {median:7.1f}  paired slowdown {100 * paired:+.1f}%  {sorted(values)}")
+                    runs[arm].append(probed_run(tmp, nproc, workload, epochs, servers.get(arm), *extra))
+                print(f"  round {round_ + 1}: " + ", ".join(f"{arm} {r[-1]}" for arm, r in runs.items()), flush=True)
+            print(f"{workload} {' '.join(extra)}, {nproc} rank(s), {repeats} rounds, medians:")
+            off = [r.rate for r in runs["off"]]
+            for arm, arm_runs in runs.items():
+                rates = [r.rate for r in arm_runs]
+                paired = statistics.median(1 - a / b for a, b in zip(rates, off, strict=True))
+                print(f"  {arm:20} {statistics.median(rates):7.1f} steps/s, paired slowdown {100 * paired:+.1f}%; "
+                      + Probed.medians(arm_runs))  # fmt: skip
     finally:
         for server in servers.values():
             server.stop()
+
+
+THREADS = ("reporter", "sampler")
+
+
+@dataclass
+class Probed:
+    """One run's steps/s and what bench/trainer_probe.py saw; times in seconds unless named ms."""
+
+    rate: float
+    probe: dict[str, Any]
+    server_cpu: float  # the server process's CPU time over the run
+
+    def __str__(self) -> str:
+        return f"{self.rate:.1f} ({self.probe['posts']} posts)"
+
+    @staticmethod
+    def medians(runs: list[Probed]) -> str:
+        def median(value: Callable[[Probed], float | None]) -> float:
+            values = [v for r in runs if (v := value(r)) is not None]
+            return statistics.median(values) if values else math.nan
+
+        def probed(key: str) -> float:
+            return median(lambda r: r.probe[key])
+
+        def thread(name: str) -> float:
+            return median(lambda r: r.probe["cpu_s"].get(name, 0.0))
+
+        posts, server, reporter, sampler = probed("posts"), median(lambda r: r.server_cpu), *map(thread, THREADS)
+        step, busy, quiet = probed("step_ms"), probed("busy_ms"), probed("quiet_ms")
+        return (
+            f"a run: {posts:.0f} posts, CPU of the reporter's thread {reporter:.3f} s, the sampler's {sampler:.3f} s, "
+            f"the server's {server:.3f} s; a step {step:.3f} ms, during a post {busy:.3f} ms, otherwise {quiet:.3f} ms"
+        )
+
+
+def probed_run(tmp: Path, nproc: int, workload: str, epochs: int, server: LiveServer | None, *extra: str) -> Probed:
+    env = outside_dashboard()
+    if server is not None:
+        token = secrets.token_hex(8)
+        run_id = open_run(server, token)
+        env |= {wire.ENV_RUN_ID: str(run_id), wire.ENV_SERVER_URL: server.url, wire.ENV_TOKEN: token,
+                wire.ENV_RUN_DIR: str(tmp / f"run-{run_id}")}  # fmt: skip
+    process = psutil.Process(server.process.pid) if server is not None and server.process else None
+    before = sum(process.cpu_times()[:2]) if process else 0.0
+    rate, output = train_once(tmp, nproc, workload, epochs, env, *extra, module="bench.trainer_probe")
+    server_cpu = sum(process.cpu_times()[:2]) - before if process else 0.0
+    probe = json.loads(next(line for line in output.splitlines() if line.startswith("[probe] "))[8:])
+    return Probed(rate, probe, server_cpu)
 
 
 def main() -> None:
