@@ -1,6 +1,7 @@
 """Steps/s of each workload with 1 and 2 ranks, and what the dashboard's reporting costs a run.
 
 .venv/bin/python -m bench.trainer_speed [--repeats 3] [--epochs 1]
+.venv/bin/python -m bench.trainer_speed --part reporting --ranks 1 --repeats 20 [--client-from OLD_CHECKOUT]
 
 Every figure is the trainer's own "N steps/s" line (the training loop alone, from its first step to its last; not
 torchrun's start-up). Reporting: the same 2-rank mlp run with the client posting to a live server (loss, lr, grad
@@ -27,11 +28,18 @@ epochs, 5 alternated pairs, with the per-point client of the time: reporting on 
 
 On the GPU node's 16 CPU cores (CUDA hidden, gloo, OMP_NUM_THREADS=2, points in chunks; 2026-11-23, one device
 call each, cut short by its time limit): 1 rank, 9 pairs: on 244.2, off 272.0 steps/s, median paired slowdown
-+13.3%, every pair slower (+1.7% to +33.4%); 2 ranks, 10 pairs: on 212.3, off 223.4, median paired +1.1% (-20.7%
-to +27.5%). Then with the order alternated (5 rounds on another such machine): 1 rank on 315.4, off 400.4, median
-paired +11.5%, every pair slower. So the 1-rank cost is real, and the order is not it. Nor is the server's CPU (14
-cores idle), nor the trainer's main thread (the same calls on and off, ~3 us a step), nor its reporter and sampler
-threads' CPU: 0.04 s over a 21.7 s run, 0.2% (psutil, per thread, here). Not resolved yet.
++13.3%, every pair slower. The probe (bench/trainer_probe.py) then found why: the reporter drained its queue to empty
+at each tick, so it chased the loop with posts of a few steps each: 430 a run where one every half second makes 6,
+twice the server's CPU over the run (2.7 s against 1.35 s) and 10x the reporter thread's (0.126 s against 0.012 s).
+Fixed (2bd82d3), in the same conditions, 14
+rounds, with the client before the fix as a third arm (--client-from): 1 rank on 461.6, before the fix 431.8, off
+464.1 steps/s; median paired slowdown +0.6% (7 of 14 pairs slower; quartiles -7.6% and +5.4%), before the fix +8.1%
+(13 of 14 slower). The fixed client's run: 6 posts, its thread 0.012 s of CPU, the sampler's 0.008 s; a step 1.990
+ms, during a post 2.108 ms, otherwise 1.989 ms (off: 1.989 ms). 2 ranks, 20 rounds: on 304.1, off 319.0, +3.2% (13
+of 20 slower; quartiles -6.3% and +9.6%, runs from 246 to 393 steps/s): 5 posts a run, each thread ~0.01 s of CPU,
+a step during a post 3.491 ms against 3.085 otherwise, i.e. the posts account for ~0.1%; the rest is within the
+runs' spread. Four benches at once, each on 4 cores of its own (taskset, OMP_NUM_THREADS=1): 1 rank -2.2% and
++0.8% (14 pairs each), 2 ranks -2.9% and -2.9% (15 and 14 pairs).
 
 With --ingest-nice 19, on this 2-core machine, quiet, 10 rounds of 1 epoch (2026-11-23): 1 rank on 503.7, niced
 486.4, off 515.0 steps/s (paired +6.4%, +8.3%); 2 ranks on 158.2, niced 161.1, off 169.0 (+6.2%, +3.9%). Runs vary
@@ -46,6 +54,7 @@ import math
 import os
 import re
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,11 +70,19 @@ import torch
 from tests.live import LiveServer, open_run
 from trainer import wire
 
+REPO = Path(__file__).resolve().parents[1]
 RATE = re.compile(r"\[rank 0\] finished after \d+ steps, final loss [\d.na]+, ([\d.]+) steps/s")
 
 
 def train_once(
-    tmp: Path, nproc: int, workload: str, epochs: int, env: dict[str, str], *extra: str, module: str = "trainer"
+    tmp: Path,
+    nproc: int,
+    workload: str,
+    epochs: int,
+    env: dict[str, str],
+    *extra: str,
+    module: str = "trainer",
+    cwd: Path | None = None,
 ) -> tuple[float, str]:
     """The run's steps/s, and its output."""
     command = [
@@ -73,7 +90,7 @@ def train_once(
         "-m", module, "--workload", workload, "--epochs", str(epochs), "--checkpoint-every", "1000",
         "--checkpoint-dir", str(tmp / secrets.token_hex(4)), *extra,
     ]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
     match = RATE.search(done.stdout)
     if match is None:
         raise RuntimeError(f"no rate in the output:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
@@ -107,38 +124,47 @@ def workloads(tmp: Path, repeats: int, epochs: int) -> None:
             print(f"{workload:8}  {nproc:5}  {rate:16.1f}  {rate * batch * nproc:9.0f}", flush=True)
 
 
-def reporting(
-    tmp: Path, repeats: int, epochs: int, workload: str, ingest_nice: int, ranks: list[int] | None, *extra: str
-) -> None:
+def reporting(tmp: Path, repeats: int, epochs: int, workload: str, options: argparse.Namespace, *extra: str) -> None:
     """The same run with the client on and off, alternated; with 1 rank a core is left to the reporter's thread and
     the server, as on a GPU node, with 2 ranks they compete with training for this machine's 2 cores.
 
     Each run goes through bench/trainer_probe.py, which says where a difference lies: the server's CPU time over the
     run, the reporter's posts and its thread's CPU time, and the steps during which a post was under way against
-    the others. With --ingest-nice N a third arm reports to a second server whose ingest threads run at niceness N."""
-    servers = {"on": LiveServer(tmp / "server")}
-    if ingest_nice:
-        servers[f"on, ingest nice {ingest_nice}"] = LiveServer(tmp / "niced", RANKBOARD_INGEST_NICE=str(ingest_nice))
-    for server in servers.values():
-        server.start()
+    the others. With --ingest-nice N an arm reports to a second server whose ingest threads run at niceness N; with
+    --client-from DIR an arm runs the trainer package found in DIR (another version of the client, for an A/B).
+    Stopped (Ctrl-C, SIGTERM), it reports the rounds it completed."""
+    server = LiveServer(tmp / "server")
+    arms: dict[str, tuple[LiveServer | None, dict[str, str]]] = {"on": (server, {})}
+    if options.ingest_nice:
+        niced = LiveServer(tmp / "niced", RANKBOARD_INGEST_NICE=str(options.ingest_nice))
+        arms[f"on, ingest nice {options.ingest_nice}"] = (niced, {})
+    if options.client_from:
+        arms[f"on, {options.client_from.name}"] = (server, {"PYTHONPATH": python_path(options.client_from.resolve())})
+    arms["off"] = (None, {})
+    servers = {id(s): s for s, _env in arms.values() if s is not None}.values()
+    for each in servers:
+        each.start()
     try:
-        for nproc in ranks or rank_counts():
-            runs: dict[str, list[Probed]] = {arm: [] for arm in (*servers, "off")}
-            for round_ in range(repeats):
-                order = [*servers, "off"]
-                for arm in order if round_ % 2 == 0 else order[::-1]:  # each arm goes first in half the rounds
-                    runs[arm].append(probed_run(tmp, nproc, workload, epochs, servers.get(arm), *extra))
-                print(f"  round {round_ + 1}: " + ", ".join(f"{arm} {r[-1]}" for arm, r in runs.items()), flush=True)
-            print(f"{workload} {' '.join(extra)}, {nproc} rank(s), {repeats} rounds, medians:")
-            off = [r.rate for r in runs["off"]]
+        for nproc in options.ranks or rank_counts():
+            runs: dict[str, list[Probed]] = {arm: [] for arm in arms}
+            try:
+                for round_ in range(repeats):
+                    for arm in arms if round_ % 2 == 0 else reversed(arms):  # each arm goes first in half the rounds
+                        runs[arm].append(probed_run(tmp, nproc, workload, epochs, *arms[arm], *extra))
+                    print(f"  round {round_ + 1}: " + ", ".join(f"{a} {r[-1]}" for a, r in runs.items()), flush=True)
+            except KeyboardInterrupt:
+                print("  stopped: the rounds completed follow", flush=True)
+            rounds = min(map(len, runs.values()))
+            print(f"{workload} {' '.join(extra)}, {nproc} rank(s), {rounds} rounds, medians:")
+            off = [r.rate for r in runs["off"][:rounds]]
             for arm, arm_runs in runs.items():
-                rates = [r.rate for r in arm_runs]
-                paired = statistics.median(1 - a / b for a, b in zip(rates, off, strict=True))
-                print(f"  {arm:20} {statistics.median(rates):7.1f} steps/s, paired slowdown {100 * paired:+.1f}%; "
-                      + Probed.medians(arm_runs))  # fmt: skip
+                rates = [r.rate for r in arm_runs[:rounds]]
+                paired = statistics.median(1 - a / b for a, b in zip(rates, off, strict=True)) if rounds else math.nan
+                print(f"  {arm:20} {statistics.median(rates or [math.nan]):7.1f} steps/s, paired slowdown "
+                      f"{100 * paired:+.1f}%; " + Probed.medians(arm_runs[:rounds]))  # fmt: skip
     finally:
-        for server in servers.values():
-            server.stop()
+        for each in servers:
+            each.stop()
 
 
 THREADS = ("reporter", "sampler")
@@ -175,8 +201,15 @@ class Probed:
         )
 
 
-def probed_run(tmp: Path, nproc: int, workload: str, epochs: int, server: LiveServer | None, *extra: str) -> Probed:
-    env = outside_dashboard()
+def python_path(*first: Path) -> str:
+    """PYTHONPATH with these folders ahead of this repository."""
+    return os.pathsep.join(filter(None, (*map(str, first), str(REPO), os.environ.get("PYTHONPATH"))))
+
+
+def probed_run(
+    tmp: Path, nproc: int, workload: str, epochs: int, server: LiveServer | None, arm_env: dict[str, str], *extra: str
+) -> Probed:
+    env = outside_dashboard() | {"PYTHONPATH": python_path()} | arm_env
     if server is not None:
         token = secrets.token_hex(8)
         run_id = open_run(server, token)
@@ -184,7 +217,8 @@ def probed_run(tmp: Path, nproc: int, workload: str, epochs: int, server: LiveSe
                 wire.ENV_RUN_DIR: str(tmp / f"run-{run_id}")}  # fmt: skip
     process = psutil.Process(server.process.pid) if server is not None and server.process else None
     before = sum(process.cpu_times()[:2]) if process else 0.0
-    rate, output = train_once(tmp, nproc, workload, epochs, env, *extra, module="bench.trainer_probe")
+    # From the temporary folder: the trainer package is the one PYTHONPATH names first, not the working folder's.
+    rate, output = train_once(tmp, nproc, workload, epochs, env, *extra, module="bench.trainer_probe", cwd=tmp)
     server_cpu = sum(process.cpu_times()[:2]) - before if process else 0.0
     probe = json.loads(next(line for line in output.splitlines() if line.startswith("[probe] "))[8:])
     return Probed(rate, probe, server_cpu)
@@ -199,13 +233,14 @@ def main() -> None:
     parser.add_argument("--precision", default="off", help="the reporting part's precision (bf16 on a GPU)")
     parser.add_argument("--ingest-nice", type=int, default=0, help="add an arm whose server's ingest is this nice")
     parser.add_argument("--ranks", type=int, nargs="*", help="the rank counts to run (default: 1 and 2, as GPUs allow)")
+    parser.add_argument("--client-from", type=Path, help="add an arm whose trainer package is the one in this folder")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` ends it as Ctrl-C would: with a summary
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:  # a server may still be writing
         if args.part in ("all", "workloads"):
             workloads(Path(folder), args.repeats, args.epochs)
         if args.part in ("all", "reporting"):
-            reporting(Path(folder), args.repeats, args.epochs, args.workload, args.ingest_nice, args.ranks,
-                      "--precision", args.precision)  # fmt: skip
+            reporting(Path(folder), args.repeats, args.epochs, args.workload, args, "--precision", args.precision)
 
 
 if __name__ == "__main__":
