@@ -50,7 +50,7 @@ def median_ns_per_call(calls: int, repeats: int, *, start: bool, spool_dir: str)
 
 def steps_per_s(steps: int, reporter: Reporter | None) -> float:
     workload = WORKLOADS["mlp"]
-    inputs, targets = (t[:64] for t in workload.build_dataset().tensors)
+    inputs, targets = (t[:64] for t in workload.build_data()[0].tensors)
     torch.manual_seed(0)
     model = workload.build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
