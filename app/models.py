@@ -270,6 +270,17 @@ class RecentPoints(Base):
     data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
+class RecentHead(Base):
+    """The number of the newest point ever logged in `metric_recent`: the next batch numbers on from it. Kept apart
+    from the log's rows, which go with their run when it is deleted: numbering on from the newest row left would
+    give a point a number that a live page's cursor has already passed, and the page would never show it."""
+
+    __tablename__ = "metric_recent_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)  # always 1: one row
+    head: Mapped[int] = mapped_column(POINT_ID_TYPE)
+
+
 class RunRank(Base):
     """One rank's own heartbeat: the step it last reported, from which host, and when."""
 

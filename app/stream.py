@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 
+from app.services.metrics import LivePoints
 from app.store.metrics import StoredPoint
 from trainer import wire
 
@@ -39,7 +40,7 @@ class Fragments:
 class Snapshot:
     """One poll: the points after the page's cursor, and the fragments."""
 
-    points: list[StoredPoint]
+    live: LivePoints
     fragments: Fragments
 
 
@@ -99,15 +100,16 @@ def message(event: str, data: str, event_id: int | None = None) -> str:
     return f"{head}event: {event}\n{body}\n"
 
 
-def points_json(points: list[StoredPoint]) -> str:
-    """Points grouped by key as parallel arrays, values encoded as the wire does (NaN survives)."""
+def points_json(points: list[StoredPoint], *, missed: bool = False) -> str:
+    """Points grouped by key as parallel arrays, values encoded as the wire does (NaN survives); `missed` tells the
+    page that points after its cursor were dropped from the live log, so it reads its charts again."""
     series: dict[str, dict[str, list[float | str | int]]] = {}
     for p in points:
         one = series.setdefault(p.key, {"steps": [], "values": [], "ranks": []})
         one["steps"].append(p.step)
         one["values"].append(wire.encode_value(p.value))
         one["ranks"].append(p.rank)
-    return json.dumps({"series": series})
+    return json.dumps({"series": series, "missed": missed})
 
 
 async def run_events(
@@ -117,10 +119,10 @@ async def run_events(
     state = StreamState(after_id=after_id)
     while not await request.is_disconnected():
         snap = await run_in_threadpool(snapshot, state.after_id)
-        fragments = snap.fragments
-        if snap.points:
-            state.after_id = snap.points[-1].id
-            yield message("points", points_json(snap.points), state.after_id)
+        fragments, points = snap.fragments, snap.live.points
+        state.after_id = snap.live.cursor
+        if points or snap.live.missed:
+            yield message("points", points_json(points, missed=snap.live.missed), state.after_id)
         if fragments.status_html != state.status_html:
             state.status_html = fragments.status_html
             yield message("status", fragments.status_html)
@@ -130,8 +132,8 @@ async def run_events(
         if fragments.output_html != state.output_html:
             state.output_html = fragments.output_html
             yield message("output", fragments.output_html)
-        if fragments.final and not snap.points:
+        if fragments.final and not points:
             yield message("end", "")
             return
-        if not snap.points:  # a backlog is sent at once, page by page; otherwise wait for news
+        if not points:  # a backlog is sent at once, page by page; otherwise wait for news
             await asyncio.sleep(POLL_SECONDS)

@@ -1,6 +1,7 @@
 // The run page's charts: built from the layout the server put in #charts, fed by the page's server-sent event
 // stream (event "points", JSON of new raw points), which htmx's SSE extension hands to #chart-points.
-// When a key arrives that the layout was not made with, the page asks for its `charts` fragment again.
+// When a key arrives that the layout was not made with, or the stream says points were missed (the page fell
+// further behind than the server's live log keeps), the page asks for its `charts` fragment again.
 import { RunChart } from "./charts/chart.js";
 
 const REFRESH_AT_MOST_EVERY_MS = 2000;
@@ -48,9 +49,10 @@ async function fillRunPicker(runId, loss) {
   });
 }
 
-/** Replaces #charts with the server's current layout, and rebuilds every chart from the endpoint. */
-async function refreshLayout() {
-  if (refreshing || Date.now() - lastRefresh < REFRESH_AT_MOST_EVERY_MS) return;
+/** Replaces #charts with the server's current layout, and rebuilds every chart from the endpoint; `force` skips
+ * the rate limit (not a refresh under way: what it reads is newer than what asked for it). */
+async function refreshLayout(force = false) {
+  if (refreshing || (!force && Date.now() - lastRefresh < REFRESH_AT_MOST_EVERY_MS)) return;
   refreshing = true;
   lastRefresh = Date.now();
   try {
@@ -69,7 +71,11 @@ const points = document.getElementById("chart-points");
 if (points) {
   points.addEventListener("htmx:sseBeforeMessage", (event) => {
     event.preventDefault();  // JSON for the charts, not HTML to swap in
-    const series = JSON.parse(event.detail.data).series;
+    const { series, missed } = JSON.parse(event.detail.data);
+    if (missed) {  // points after this page's cursor left the live log unseen: read every chart again
+      refreshLayout(true);
+      return;
+    }
     charts.forEach((chart) => chart.append(series));
     if (Object.keys(series).some((key) => !knownKeys.has(key))) {
       refreshLayout();

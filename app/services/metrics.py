@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -168,6 +169,21 @@ def series_keys(db: Session, *, run_id: int) -> list[str]:
     return metric_store.series_keys(db, run_id=run_id)
 
 
-def new_points(db: Session, *, run_id: int, after_id: int, limit: int = 5000) -> list[StoredPoint]:
-    """Points stored since the cursor `after_id`: what a live page has not seen yet."""
-    return metric_store.points_after(db, run_id=run_id, after_id=after_id, limit=limit)
+@dataclass(frozen=True)
+class LivePoints:
+    """What a live page has not seen yet: the points stored since its cursor, where its next poll starts, and
+    whether points after its cursor were dropped from the live log before it read them (it must read its charts
+    again then)."""
+
+    points: list[StoredPoint]
+    cursor: int
+    missed: bool
+
+
+def new_points(db: Session, *, run_id: int, after_id: int, limit: int = 5000) -> LivePoints:
+    """Points stored since the cursor `after_id`. With none, the cursor moves on to the log's newest point of any
+    run, so that a page whose run logs nothing while others log millions does not fall behind the log."""
+    head = metric_store.last_point_id(db)  # first: every point numbered up to it is committed (see there)
+    points = metric_store.points_after(db, run_id=run_id, after_id=after_id, limit=limit)
+    missed = after_id + 1 < metric_store.first_kept_id(db)  # after the points: a drop meanwhile is seen
+    return LivePoints(points, points[-1].id if points else max(after_id, head), missed)

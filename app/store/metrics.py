@@ -6,20 +6,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
-from sqlalchemy import Insert, Table, func, select
+from sqlalchemy import Insert, Table, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import MetricSeries, RecentPoints
+from app.models import MetricSeries, RecentHead, RecentPoints
 from app.store import chunks
 
 # How many of the newest points the log for live pages keeps (`points_after`): about 25 MB. A page that falls
-# further behind than that (hours away at the rates trainers send) misses what was dropped until it reloads.
+# further behind than that (hours away at the rates trainers send) is told so, and reads its charts again.
 RECENT_POINTS = 1_000_000
 # The advisory lock that numbers the log's rows in commit order on PostgreSQL: any fixed number of our own.
 RECENT_LOCK = 0x52616E6B  # "Rank"
 
 RECENT: Table = RecentPoints.__table__  # type: ignore[assignment]
+HEAD: Table = RecentHead.__table__  # type: ignore[assignment]
 SERIES: Table = MetricSeries.__table__  # type: ignore[assignment]
 
 
@@ -93,7 +94,8 @@ def _log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
         mask = chunk.added
         piece = chunks.Column(chunk.merged.steps[mask], chunk.merged.values[mask], chunk.merged.times[mask])
         added.setdefault((chunk.series_id, chunk.rank), []).append(piece)
-    top = connection.exec_driver_sql("SELECT MAX(id) FROM metric_recent").scalar() or 0
+    marker = chunks.marker(connection)
+    top = connection.exec_driver_sql("SELECT head FROM metric_recent_head WHERE id = 1").scalar_one()
     rows = []
     for (series_id, rank), pieces in added.items():
         steps = np.concatenate([piece.steps for piece in pieces])
@@ -101,10 +103,10 @@ def _log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
         times = np.concatenate([piece.times for piece in pieces])
         top += len(steps)
         rows.append((top, series_id, rank, len(steps), chunks.encode(steps, values, times, level=0)))
-    marker = chunks.marker(connection)
     connection.exec_driver_sql(
         f"INSERT INTO metric_recent (id, series_id, rank, n, data) VALUES ({', '.join([marker] * 5)})", rows
     )
+    connection.exec_driver_sql(f"UPDATE metric_recent_head SET head = {marker} WHERE id = 1", (top,))
     connection.exec_driver_sql(f"DELETE FROM metric_recent WHERE id <= {marker}", (top - RECENT_POINTS,))
 
 
@@ -170,6 +172,14 @@ def last_point_id(db: Session) -> int:
     """The newest logged point's id of any run, 0 without any: where a freshly loaded page's live stream starts.
 
     Any run's, not only the page's: ids are one sequence, so everything of this run up to it is already in what the
-    page's charts read, and MAX over the primary key is one index lookup.
+    page's charts read. Read before the points after a cursor, a poll that finds none can move its cursor here: on
+    PostgreSQL each statement sees its own snapshot, and every point numbered up to it was committed before.
     """
-    return db.scalar(select(func.max(RECENT.c.id))) or 0
+    return db.scalar(select(HEAD.c.head).where(HEAD.c.id == 1)) or 0
+
+
+def first_kept_id(db: Session) -> int:
+    """The id of the oldest point the log still holds (the next point's when it holds none): a cursor before it
+    has missed the points numbered in between, dropped from the log (or gone with their run)."""
+    oldest = db.execute(select(RECENT.c.id, RECENT.c.n).order_by(RECENT.c.id).limit(1)).first()
+    return oldest.id - oldest.n + 1 if oldest else last_point_id(db) + 1

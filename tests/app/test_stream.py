@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.models import Run, RunStatus
+from app.services import metrics
+from app.services.runs import hash_token
+from app.store import metrics as metric_store
 from app.stream import Fragments, SharedFragments
-from tests.app.conftest import batch, post
+from tests.app.conftest import TOKEN, batch, post
 
 
 def events(text: str) -> list[tuple[str, str, str | None]]:
@@ -22,6 +27,15 @@ def events(text: str) -> list[tuple[str, str, str | None]]:
             fields.setdefault(name, []).append(value)
         parsed.append((fields["event"][0], "\n".join(fields.get("data", [])), (fields.get("id") or [None])[0]))
     return parsed
+
+
+def other_run(client: TestClient) -> int:
+    """A second running run taking metrics with the same token."""
+    other = int(client.post("/api/runs", json={"name": "other"}).json()["id"])
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, other)
+        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
+    return other
 
 
 def finish(client: TestClient, run_id: int) -> None:
@@ -51,6 +65,62 @@ def test_a_reconnecting_page_gets_only_what_it_has_not_seen(client: TestClient, 
     finish(client, run_id)
     again = events(client.get(f"/runs/{run_id}/stream", headers={"Last-Event-ID": str(last_id)}).text)
     assert json.loads(again[0][1])["series"]["loss"]["steps"] == [3, 4]
+
+
+def test_a_page_further_behind_than_the_live_log_is_told_to_read_its_charts_again(
+    client: TestClient, run_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metric_store, "RECENT_POINTS", 500)  # the log keeps the newest 500 points
+    for first in range(1, 2001, 100):
+        post(client, run_id, batch(*range(first, first + 100)))
+    finish(client, run_id)
+
+    def first_points(last_event_id: int) -> dict:
+        received = events(client.get(f"/runs/{run_id}/stream", headers={"Last-Event-ID": str(last_event_id)}).text)
+        return json.loads(next(data for kind, data, _ in received if kind == "points"))
+
+    behind = first_points(10)  # asleep while 1,990 points came: points 11 to 1,500 are gone from the log
+    assert behind["missed"] and behind["series"]["loss"]["steps"][0] == 1501
+    caught_up = first_points(1500)
+    assert not caught_up["missed"] and caught_up["series"]["loss"]["steps"] == list(range(1501, 2001))
+    # The charts it then reads have every point, those dropped from the log included.
+    assert len(client.get(f"/api/runs/{run_id}/metrics/loss", params={"limit": 5000}).json()["points"]) == 2000
+
+
+def test_a_quiet_runs_page_keeps_up_with_the_log_while_other_runs_fill_it(
+    client: TestClient, run_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metric_store, "RECENT_POINTS", 500)
+    busy = other_run(client)
+    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+        cursor = metric_store.last_point_id(db)  # as the quiet run's page opened
+    for first in range(1, 2001, 100):
+        post(client, busy, batch(*range(first, first + 100)))
+        with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+            poll = metrics.new_points(db, run_id=run_id, after_id=cursor)  # the quiet page's poll, once a second
+        assert not poll.points and not poll.missed
+        cursor = poll.cursor
+    post(client, run_id, batch(7))
+    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+        poll = metrics.new_points(db, run_id=run_id, after_id=cursor)
+    assert [p.step for p in poll.points] == [7] and not poll.missed
+
+
+def test_deleting_the_run_that_logged_last_never_numbers_a_point_again(client: TestClient, run_id: int) -> None:
+    post(client, run_id, batch(1, 2))
+    other = other_run(client)
+    post(client, other, batch(1, 2, 3))  # the log's newest points are the other run's
+    page = client.get(f"/runs/{run_id}").text
+    cursor = int(re.search(r"/stream\?after=(\d+)", page).group(1))  # type: ignore[union-attr]
+    finish(client, other)
+    assert client.delete(f"/api/runs/{other}").status_code == 200
+    post(client, run_id, batch(3, 4))
+    finish(client, run_id)
+    received = events(client.get(f"/runs/{run_id}/stream", headers={"Last-Event-ID": str(cursor)}).text)
+    sent = [
+        step for kind, data, _ in received if kind == "points" for step in json.loads(data)["series"]["loss"]["steps"]
+    ]
+    assert sent == [3, 4]  # numbered after the cursor, not again below it
 
 
 def test_stream_of_unknown_run_is_404(client: TestClient) -> None:
