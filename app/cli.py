@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from app.settings import Settings
 
 NEW_PASSWORD_ENV = "RANKBOARD_NEW_PASSWORD"  # `users add` reads the password here when it is not asked for
+SHUTDOWN_GRACE_S = 5  # what a stopping server waits for requests under way, streams included
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,7 +178,10 @@ def serve_app(settings: Settings) -> int:
     # One worker: uvicorn with several leaves Nagle on and stalls kept-alive requests ~44 ms (Kludex/uvicorn#3149).
     # No proxy headers: uvicorn would take the client's address from X-Forwarded-For of anyone on 127.0.0.1, and
     # the guard believes X-Forwarded-User only from the proxy's own address (RANKBOARD_TRUSTED_PROXY).
-    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info", proxy_headers=False)
+    # A stopping server gives requests under way SHUTDOWN_GRACE_S, then cuts what is left: a page's stream lasts as
+    # long as the page is open, and uvicorn would otherwise wait for it, not stopping at all. The pages reconnect.
+    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info", proxy_headers=False,
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)  # fmt: skip
     return 0
 
 
