@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from app.store import metrics as metric_store
 from tests.live import LiveServer, open_run, wait_for
 from trainer import gpu
 from trainer.report import Reporter
@@ -117,3 +118,36 @@ def test_a_node_without_nvml_says_so_and_shows_its_cpu(server: LiveServer, page:
     finally:
         sampler.stop()
         client.close()
+
+
+def test_a_page_that_was_away_while_the_live_log_moved_on_reads_its_charts_again(page: Page, tmp_path: Path) -> None:
+    """The page's stream is cut (the server restarts) and cannot reconnect while its run logs a spike and another
+    run logs more points than the live log keeps; back, the page is told it missed points, and shows the spike."""
+    server = LiveServer(tmp_path / "server", RANKBOARD_SUPERVISE_INTERVAL_S="3600")
+    server.start()
+    try:
+        run_id, other = open_run(server, TOKEN), open_run(server, TOKEN)
+        watched = reporter(server, run_id, tmp_path / "watched", 0)
+        for step in range(1, 101):
+            watched.log({"loss": 1.0}, step=step)
+        watched.close()
+        page.goto(f"{server.url}/runs/{run_id}")
+        page.wait_for_function("() => document.querySelector('#loss-box')?.dataset.points === '100'")
+
+        page.route("**/stream*", lambda route: route.abort())  # away: every reconnection fails
+        server.stop()
+        server.start()
+        spiked = reporter(server, run_id, tmp_path / "spiked", 0)
+        spiked.log({"loss": SPIKE}, step=101)
+        spiked.close()
+        busy = Reporter(server.url, str(other), TOKEN, tmp_path / "busy", max_batch=10_000)
+        for step in range(metric_store.RECENT_POINTS + 10_000):  # pushes step 101 out of the live log
+            busy.log({"loss": 1.0}, step=step)
+        busy.close(timeout=120)
+        page.unroute("**/stream*")
+
+        page.wait_for_function(f"() => Number(document.querySelector('#loss-box')?.dataset.max) === {SPIKE}",
+                               timeout=60_000)  # fmt: skip
+        assert drawn(page, "loss")["points"] == "101"
+    finally:
+        server.stop()
