@@ -163,6 +163,28 @@ def ingest_stall(app: Any, *, doomed: int | None, live: int, seconds: float) -> 
     return ordered[-1] * 1000, ordered[int(len(ordered) * 0.99)] * 1000, len(ordered)
 
 
+def print_tables(sessions: Any, stored: int, query: str) -> None:
+    """The six biggest tables (with their indexes) by the query's (name, bytes) rows."""
+    with sessions() as db:
+        tables = db.execute(text(query)).all()
+    for name, table_bytes in sorted(tables, key=lambda row: -row[1])[:6]:
+        print(f"  {name}: {table_bytes / 1e6:,.1f} MB, {table_bytes / stored:.2f} bytes per point")
+
+
+def print_postgres_sizes(sessions: Any, stored: int) -> None:
+    """The database's size as built, whose tables hold the row versions that merging into chunks left (autovacuum
+    lets later writes reuse them), and after VACUUM FULL, which packs the live rows alone."""
+    tables = "SELECT relname, pg_total_relation_size(relid) FROM pg_stat_user_tables"
+    for when in ("as built", "after VACUUM FULL"):
+        if when != "as built":
+            with sessions() as db:
+                db.connection(execution_options={"isolation_level": "AUTOCOMMIT"}).exec_driver_sql("VACUUM FULL")
+        with sessions() as db:
+            size = db.scalar(text("SELECT pg_database_size(current_database())"))
+        print(f"PostgreSQL database, {when}: {size / 1e9:.2f} GB, {size / stored:.1f} bytes per point (tiers included)")
+        print_tables(sessions, stored, tables)
+
+
 @contextlib.contextmanager
 def database(postgres: bool, folder: Path) -> Iterator[str | None]:
     if not postgres:
@@ -181,6 +203,7 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=1_000_000, help="points of the run deleted")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--postgres", action="store_true")
+    parser.add_argument("--sizes-only", action="store_true", help="build the store, print its size, and stop")
     args = parser.parse_args()
     os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")  # the name TestClient sends (app.auth.guard)
     with tempfile.TemporaryDirectory() as tmp, database(args.postgres, Path(tmp)) as url:
@@ -196,10 +219,11 @@ def main() -> None:
             if url is None:
                 size = sum(f.stat().st_size for f in (root / "data").glob("*.db*"))
                 print(f"SQLite files: {size / 1e9:.2f} GB, {size / stored:.1f} bytes per point (tiers included)")
-                with app.state.sessions() as db:
-                    tables = db.execute(text("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name")).all()
-                for name, table_bytes in sorted(tables, key=lambda row: -row[1])[:6]:
-                    print(f"  {name}: {table_bytes / 1e6:,.1f} MB, {table_bytes / stored:.2f} bytes per point")
+                print_tables(app.state.sessions, stored, "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name")
+            else:
+                print_postgres_sizes(app.state.sessions, stored)
+            if args.sizes_only:
+                return
             measure(client, ids, big_runs, args.repeats)
             live = insert_runs(app.state.sessions, 1, random.Random(1))[-1]
             calm = ingest_stall(app, doomed=None, live=live, seconds=5)
