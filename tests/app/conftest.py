@@ -14,11 +14,15 @@ TOKEN = "t0ken-for-tests"
 
 @pytest.fixture
 def run_id(client: TestClient) -> int:
-    """A run as the launcher leaves it once torchrun is up: `running`, holding the hash of its token.
+    return running_run(client)
+
+
+def running_run(client: TestClient, name: str = "ingest") -> int:
+    """A run as the launcher leaves it once torchrun is up: `running`, holding the hash of TOKEN.
 
     (The launch itself, which makes the token, is tested end to end with a real torchrun.)
     """
-    run_id = int(client.post("/api/runs", json={"name": "ingest"}).json()["id"])
+    run_id = int(client.post("/api/runs", json={"name": name}).json()["id"])
     with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
         run = db.get(Run, run_id)
         run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)

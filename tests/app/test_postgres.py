@@ -18,10 +18,9 @@ from app.main import create_app
 from app.models import Base, Run, RunStatus
 from app.schemas import BatchIn
 from app.services import metrics
-from app.services.runs import hash_token
 from app.settings import Settings
 from app.store import metrics as metric_store
-from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, series
+from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, running_run, series
 from tests.postgres import new_database, postgres_bin, postgres_server
 from trainer import wire
 
@@ -40,15 +39,6 @@ def pg_client(admin_dsn: str, tmp_path: Path) -> Iterator[TestClient]:
                         database_url=new_database(admin_dsn), supervise_interval_s=3600, slots=2)  # fmt: skip
     with TestClient(create_app(settings)) as client:
         yield client
-
-
-def running_run(client: TestClient) -> int:
-    """A run that takes metrics with TOKEN, as the launcher leaves one once torchrun is up."""
-    run_id = int(client.post("/api/runs", json={"name": "pg"}).json()["id"])
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        run = db.get(Run, run_id)
-        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
-    return run_id
 
 
 def test_migrations_build_the_models_schema_on_postgresql(pg_client: TestClient) -> None:

@@ -11,10 +11,9 @@ from fastapi.testclient import TestClient
 
 from app.models import Run, RunStatus
 from app.services import metrics
-from app.services.runs import hash_token
 from app.store import metrics as metric_store
 from app.stream import Fragments, SharedFragments
-from tests.app.conftest import TOKEN, batch, post
+from tests.app.conftest import batch, post, running_run
 
 
 def events(text: str) -> list[tuple[str, str, str | None]]:
@@ -27,15 +26,6 @@ def events(text: str) -> list[tuple[str, str, str | None]]:
             fields.setdefault(name, []).append(value)
         parsed.append((fields["event"][0], "\n".join(fields.get("data", [])), (fields.get("id") or [None])[0]))
     return parsed
-
-
-def other_run(client: TestClient) -> int:
-    """A second running run taking metrics with the same token."""
-    other = int(client.post("/api/runs", json={"name": "other"}).json()["id"])
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        run = db.get(Run, other)
-        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
-    return other
 
 
 def finish(client: TestClient, run_id: int) -> None:
@@ -91,7 +81,7 @@ def test_a_quiet_runs_page_keeps_up_with_the_log_while_other_runs_fill_it(
     client: TestClient, run_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(metric_store, "RECENT_POINTS", 500)
-    busy = other_run(client)
+    busy = running_run(client, "busy")
     with client.app.state.sessions() as db:  # type: ignore[attr-defined]
         cursor = metric_store.last_point_id(db)  # as the quiet run's page opened
     for first in range(1, 2001, 100):
@@ -108,7 +98,7 @@ def test_a_quiet_runs_page_keeps_up_with_the_log_while_other_runs_fill_it(
 
 def test_deleting_the_run_that_logged_last_never_numbers_a_point_again(client: TestClient, run_id: int) -> None:
     post(client, run_id, batch(1, 2))
-    other = other_run(client)
+    other = running_run(client, "other")
     post(client, other, batch(1, 2, 3))  # the log's newest points are the other run's
     page = client.get(f"/runs/{run_id}").text
     cursor = int(re.search(r"/stream\?after=(\d+)", page).group(1))  # type: ignore[union-attr]
