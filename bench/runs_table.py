@@ -22,7 +22,11 @@ those ingest calls are reported, and the same with no deletion going on, for com
 
 Last measured (this 2-core machine, quiet, 2026-11-23), 10,001 runs and 101,599,500 points, with the points packed
 in chunks (app.store.chunks), built in compact batches at 407,800 points/s on SQLite (249 s, 1.40 GB: 13.8 bytes a
-point in all; the chunks 10.2, the chart tiers 3.2, the live pages' log 0.24) and 183,000 on PostgreSQL (555 s):
+point in all; the chunks 10.2, the chart tiers 3.2, the live pages' log 0.24) and 183,000 on PostgreSQL (555 s).
+PostgreSQL's size, measured with --sizes-only --points 10000000 (11,599,500 points, 2026-11-23): 33.4 bytes a point
+as built (chunks 10.7, chart tiers 11.2, the live pages' log 9.5), 22.0 after VACUUM FULL (chunks 10.7, tiers 9.1,
+log 0.74): the rows that the log's trimming and the tiers' updates leave dead take space until (auto)vacuum lets
+later writes reuse it. Each PostgreSQL row carries ~24 bytes of header, where SQLite's carry a few.
 
                                                      SQLite            PostgreSQL 15
     runs page, val_loss.min < 0.9 sorted by -loss.last    29.9 ms           39.8 ms
