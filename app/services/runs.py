@@ -26,7 +26,6 @@ from app.store import runs as run_store
 from trainer import wire
 
 ACTIVE = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
-WATCHED = (RunStatus.queued, *ACTIVE)  # queued: those whose job waits in Slurm's queue
 RESUMABLE = (RunStatus.stopped, RunStatus.failed, RunStatus.lost)
 SCRIPT_WORKLOAD = "script"  # the workload of a run of the user's own script
 
@@ -181,7 +180,9 @@ def supervise(
     progressing (or move again), raise the alerts of what changed (queued: sent after this commits), start what
     fits."""
     with db.begin():
-        watched = run_store.runs_with_status(db, WATCHED)
+        watched = run_store.runs_to_supervise(
+            db, active=ACTIVE, local=launchers.local.name, head=len(launchers.local.slots)
+        )
         active = [run for run in watched if run.status in ACTIVE or run.job_id]
         for launcher in launchers.all():
             launcher.refresh([run for run in active if run.launcher == launcher.name])
@@ -196,7 +197,7 @@ def supervise(
             _observe(db, run, launcher=launcher)
             _check_active(db, run, launcher=launcher, folders=folders, grace=grace)
             health.record(db, run, now=utcnow(), stall_after=stall_after)  # only a run still running, so alive
-        _start_queued(db, launchers=launchers)
+        _start_queued(db, watched=watched, launchers=launchers)
         if alert_rules is not None:  # queued runs too: one Slurm refused fails here, one resumed clears its alert
             alerts.check(db, runs=watched, rules=alert_rules, now=utcnow())
 
@@ -305,12 +306,14 @@ def final_status(
     return RunStatus.failed, f"torchrun exited with {exit_code} before training finished; see the ranks' output"
 
 
-def _start_queued(db: Session, *, launchers: Launchers) -> None:
-    """Submits queued Slurm runs (Slurm queues them), and starts the local runs that fit this host's free slots."""
-    busy = {device for run in run_store.runs_with_status(db, ACTIVE) for device in run.devices or []}
+def _start_queued(db: Session, *, watched: Sequence[Run], launchers: Launchers) -> None:
+    """Submits queued Slurm runs (Slurm queues them), and starts the local runs that fit this host's free slots.
+
+    `watched`: the tick's runs (run_store.runs_to_supervise), in the statuses the tick left them in."""
+    busy = {device for run in watched if run.status in ACTIVE for device in run.devices or []}
     free = [slot for slot in launchers.local.slots if slot not in busy]
     local_blocked = False
-    for run in run_store.runs_with_status(db, [RunStatus.queued]):
+    for run in [run for run in watched if run.status == RunStatus.queued]:
         if run.launcher == "slurm":
             if launchers.slurm is not None and run.job_id is None:
                 _launch(db, run, launcher=launchers.slurm, devices=[])

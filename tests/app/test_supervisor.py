@@ -9,8 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.launcher import processes
-from app.models import Run, RunStatus
-from app.services.runs import final_status
+from app.models import Alert, Run, RunStatus
+from app.services.runs import ACTIVE, final_status
+from app.store.runs import runs_to_supervise
 from tests.live import free_port, wait_for
 from trainer import wire
 from trainer.report import Reporter
@@ -34,6 +35,22 @@ def started_run(client: TestClient) -> int:
 def tick(client: TestClient) -> dict:
     client.app.state.supervisor.tick()  # type: ignore[attr-defined]
     return client.get("/api/runs/1").json()  # type: ignore[no-any-return]
+
+
+def test_a_tick_reads_the_live_runs_and_of_a_long_queue_only_the_runs_it_may_act_on(client: TestClient) -> None:
+    """Of this host's queue only its head, as many runs as the slots: no more can start at once. Queued Slurm runs
+    (to submit, or waiting in Slurm's queue) and a resumed run with an alert still open (to clear) are read wherever
+    they sit. So a tick's CPU, taken from training twice a second, stays flat however long the queue grows: 2.4 ms
+    with 5,000 runs queued, against 390 ms when it read them all (bench/supervisor_tick.py)."""
+    running = started_run(client)
+    queued = [int(client.post("/api/runs", json={}).json()["id"]) for _ in range(8)]
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, queued[5]).launcher = "slurm"
+        db.add(Alert(run_id=queued[6], condition="failed", message="failed; since resumed"))
+    slots = len(client.app.state.launchers.local.slots)  # type: ignore[attr-defined]
+    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+        read = [run.id for run in runs_to_supervise(db, active=ACTIVE, local="local", head=slots)]
+    assert slots == 2 and read == [running, queued[0], queued[1], queued[5], queued[6]]
 
 
 def test_a_live_run_without_an_exit_record_stays_running(client: TestClient) -> None:

@@ -1,0 +1,50 @@
+"""The supervisor's tick: the CPU it takes, with one running run and a queue of runs waiting for slots.
+
+    .venv/bin/python -m bench.supervisor_tick [--queued 0 100 1000 5000] [--repeats 50]
+
+The server supervises every 0.5 s (RANKBOARD_SUPERVISE_INTERVAL_S) on the node that trains, so what a tick takes is
+taken from training (bench/trainer_speed.py). The store, made through the project's own schema: one running run (this
+process, so that the tick finds it alive) and N queued runs, each asking for 2 of the server's 1 process slot, so that
+they wait. The tick is app.supervisor.Supervisor.tick, called in process (no thread, no server). Figures: the median
+tick over --repeats, and the share of a core that makes at the default interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+from pathlib import Path
+
+from sqlalchemy import update
+
+from app.main import create_app
+from app.models import Run, RunStatus
+from app.settings import Settings
+from bench.chart import median_ms
+from bench.runs_table import insert_runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queued", type=int, nargs="*", default=[0, 100, 1000, 5000])
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    interval = Settings.model_fields["supervise_interval_s"].default
+    print(f"queued runs  a tick (median)  a core's share at one tick every {interval} s")
+    with tempfile.TemporaryDirectory() as root:
+        settings = Settings(data_dir=Path(root) / "data", shared_dir=Path(root) / "shared", slots=1, launcher="local")
+        app = create_app(settings)  # its lifespan, which starts the supervisor's thread, is not entered
+        sessions, rng, queued = app.state.sessions, random.Random(0), 0
+        insert_runs(sessions, 1, rng)  # the running run
+        for wanted in sorted(args.queued):
+            waiting = insert_runs(sessions, wanted - queued, rng) if wanted > queued else []
+            with sessions() as db, db.begin():
+                db.execute(update(Run).where(Run.id.in_(waiting)).values(status=RunStatus.queued, nproc_per_node=2))
+            queued = wanted
+            tick = median_ms(app.state.supervisor.tick, args.repeats)
+            print(f"{queued:11,}  {tick:12.2f} ms  {tick / 1000 / interval:8.1%}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
