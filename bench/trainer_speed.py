@@ -166,12 +166,22 @@ def reporting(tmp: Path, repeats: int, epochs: int, workload: str, options: argp
             off = [r.rate for r in runs["off"][:rounds]]
             for arm, arm_runs in runs.items():
                 rates = [r.rate for r in arm_runs[:rounds]]
-                paired = statistics.median(1 - a / b for a, b in zip(rates, off, strict=True)) if rounds else math.nan
                 print(f"  {arm:20} {statistics.median(rates or [math.nan]):7.1f} steps/s, paired slowdown "
-                      f"{100 * paired:+.1f}%; " + Probed.medians(arm_runs[:rounds]))  # fmt: skip
+                      f"{paired_slowdown(rates, off)}; " + Probed.medians(arm_runs[:rounds]))  # fmt: skip
     finally:
         for each in servers:
             each.stop()
+
+
+def paired_slowdown(rates: list[float], off: list[float]) -> str:
+    """The median of the rounds' slowdowns against the off arm, how many were slower, and the quartiles."""
+    if len(rates) < 2:
+        return "n/a (fewer than 2 rounds)"
+    slowdowns = [100 * (1 - a / b) for a, b in zip(rates, off, strict=True)]
+    low, _, high = statistics.quantiles(slowdowns, n=4)
+    slower = sum(s > 0 for s in slowdowns)
+    return (f"{statistics.median(slowdowns):+.1f}% ({slower} of {len(slowdowns)} rounds slower; "
+            f"quartiles {low:+.1f}%, {high:+.1f}%)")  # fmt: skip
 
 
 THREADS = ("reporter", "sampler")
