@@ -41,6 +41,14 @@ a step during a post 3.491 ms against 3.085 otherwise, i.e. the posts account fo
 runs' spread. Four benches at once, each on 4 cores of its own (taskset, OMP_NUM_THREADS=1): 1 rank -2.2% and
 +0.8% (14 pairs each), 2 ranks -2.9% and -2.9% (15 and 14 pairs).
 
+On this 2-core machine (OMP_NUM_THREADS=1; 2026-11-23, quiet, 2 epochs, 20 rounds, the server supervising at the
+default 0.5 s: before, the bench's server ticked every 0.2 s as the tests' does): 1 rank on 596.1, off 610.5
+steps/s, median paired slowdown -0.5% (8 of 20 rounds slower; quartiles -7.7% and +4.7%; runs from 461 to 680
+steps/s): 8 posts a run, the server's CPU 0.26 s. 2 ranks on 192.4, off 197.4, +1.2% (12 of 20 slower;
+quartiles -4.0% and +8.5%; runs from 137 to 236): 12 posts a run, the server's
+CPU 0.67 s; here the ranks take both cores, so whatever the server does is taken from them: a step during a post
+8.67 ms against 4.24 ms otherwise.
+
 With --ingest-nice 19, on this 2-core machine, quiet, 10 rounds of 1 epoch (2026-11-23): 1 rank on 503.7, niced
 486.4, off 515.0 steps/s (paired +6.4%, +8.3%); 2 ranks on 158.2, niced 161.1, off 169.0 (+6.2%, +3.9%). Runs vary
 +-15% here, so neither the cost nor the niceness's effect is resolved at 10 rounds.
@@ -67,8 +75,9 @@ from typing import Any
 import psutil
 import torch
 
+from app.models import RunStatus, utcnow
 from app.settings import Settings
-from tests.live import LiveServer, open_run
+from tests.live import LiveServer, open_run, set_run
 from trainer import wire
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,6 +246,8 @@ def probed_run(
     # From the temporary folder: the trainer package is the one PYTHONPATH names first, not the working folder's.
     rate, output = train_once(tmp, nproc, workload, epochs, env, *extra, module="bench.trainer_probe", cwd=tmp)
     server_cpu = sum(process.cpu_times()[:2]) - before if process else 0.0
+    if server is not None:  # ended, as a launcher's run is when torchrun exits: else each round adds a live run
+        set_run(server, run_id, status=RunStatus.succeeded, finished_at=utcnow())  # to every later tick's work
     probe = json.loads(next(line for line in output.splitlines() if line.startswith("[probe] "))[8:])
     return Probed(rate, probe, server_cpu)
 
