@@ -47,7 +47,11 @@ steps/s, median paired slowdown -0.5% (8 of 20 rounds slower; quartiles -7.7% an
 steps/s): 8 posts a run, the server's CPU 0.26 s. 2 ranks on 192.4, off 197.4, +1.2% (12 of 20 slower;
 quartiles -4.0% and +8.5%; runs from 137 to 236): 12 posts a run, the server's
 CPU 0.67 s; here the ranks take both cores, so whatever the server does is taken from them: a step during a post
-8.67 ms against 4.24 ms otherwise.
+8.67 ms against 4.24 ms otherwise. That server CPU was inflated: each round left its run live, so every later tick
+supervised one more. With each round's run ended (the same day, 20 rounds each): 2 ranks +4.1% (16 of 20 slower;
+quartiles +1.1%, +8.5%), the server's CPU 0.20 s a run; with its ingest at nice 19, +7.6% (15 of 20; -0.9%, +10.1%),
+so niceness does not help here; 1 rank +2.2% (14 of 20; -0.5%, +6.8%), the server's CPU 0.13 s. Between two sets of
+20 rounds the median moved by 2.7 points (1 rank) and 2.9 (2 ranks): 20 rounds here do not resolve 1%.
 
 With --ingest-nice 19, on this 2-core machine, quiet, 10 rounds of 1 epoch (2026-11-23): 1 rank on 503.7, niced
 486.4, off 515.0 steps/s (paired +6.4%, +8.3%); 2 ranks on 158.2, niced 161.1, off 169.0 (+6.2%, +3.9%). Runs vary
