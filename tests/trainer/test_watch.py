@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.trainer.test_train import REPO, checkpoints, outside_dashboard_env, rank_log, sidecar, torchrun_command
+from tests.trainer.test_train import (
+    REPO,
+    assert_ranks_exited,
+    checkpoints,
+    outside_dashboard_env,
+    rank_log,
+    sidecar,
+    torchrun_command,
+)
 from trainer import wire
 
 NAN_AT = 7
@@ -25,7 +33,7 @@ def nan_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     env = {**outside_dashboard_env(), wire.ENV_TEST_FAULT: f"nan:rank=1:step={NAN_AT}"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_ranks_exited(tmp, done.returncode, done.stdout + done.stderr)
     return tmp
 
 
@@ -52,7 +60,7 @@ def test_a_replica_perturbed_once_is_named_at_the_next_fingerprint_step(tmp_path
     )  # fmt: skip
     env = {**outside_dashboard_env(), wire.ENV_TEST_FAULT: "perturb:rank=1:step=30"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_ranks_exited(tmp_path, done.returncode, done.stdout + done.stderr)
     log = rank_log(tmp_path, 0)
     assert "rank 1's parameters differ from the other ranks' at step 50 (first seen" in log, log
     assert log.count("differ from") == 1  # not at step 25, before the perturbation; once, not at every check after
