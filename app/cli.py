@@ -158,6 +158,7 @@ def table(rows: list[tuple[Any, ...]]) -> None:
 def serve_app(settings: Settings) -> int:
     import uvicorn
 
+    from app import access_log
     from app.auth.guard import refuse_bind
     from app.main import create_app
 
@@ -181,7 +182,7 @@ def serve_app(settings: Settings) -> int:
     # A stopping server gives requests under way SHUTDOWN_GRACE_S, then cuts what is left: a page's stream lasts as
     # long as the page is open, and uvicorn would otherwise wait for it, not stopping at all. The pages reconnect.
     uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info", proxy_headers=False,
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S)  # fmt: skip
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, log_config=access_log.log_config())  # fmt: skip
     return 0
 
 

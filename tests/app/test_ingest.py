@@ -244,5 +244,23 @@ def test_ingest_threads_take_the_nice_they_are_given_and_nothing_else_does(tmp_p
     assert sorted(set(niceness.values())) == [0, 10]
 
 
+def test_the_access_log_leaves_out_accepted_batches_and_keeps_refused_ones(tmp_path: Path) -> None:
+    """Every rank of every run posts a batch every second or two: those lines would bury a person's requests."""
+    server = LiveServer(tmp_path, RANKBOARD_SUPERVISE_INTERVAL_S="3600")
+    server.start()
+    try:
+        run_id = open_run(server, TOKEN)
+        path, body = wire.INGEST_PATH.format(run_id=run_id), {"points": [{"key": "loss", "step": 1, "value": 1.0}]}
+        with server.api() as api:
+            assert api.post(path, json=body, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+            assert api.post(path, json=body, headers={"Authorization": "Bearer not-the-token"}).status_code == 401
+            assert api.get(f"/api/runs/{run_id}/metrics/loss").status_code == 200
+    finally:
+        server.stop()
+    log = (tmp_path / "server.log").read_text()
+    assert f'"POST {path} HTTP/1.1" 401' in log and f'"GET {path}/loss HTTP/1.1" 200' in log, log
+    assert f'"POST {path} HTTP/1.1" 200' not in log, log
+
+
 def thread_nice(task: Path) -> int:
     return int((task / "stat").read_text().rpartition(")")[2].split()[16])  # the field after the command's name
