@@ -56,6 +56,19 @@ so niceness does not help here; 1 rank +2.2% (14 of 20; -0.5%, +6.8%), the serve
 With --ingest-nice 19, on this 2-core machine, quiet, 10 rounds of 1 epoch (2026-11-23): 1 rank on 503.7, niced
 486.4, off 515.0 steps/s (paired +6.4%, +8.3%); 2 ranks on 158.2, niced 161.1, off 169.0 (+6.2%, +3.9%). Runs vary
 +-15% here, so neither the cost nor the niceness's effect is resolved at 10 rounds.
+
+Until 2026-11-25 these figures are suspect: tests/live.open_run created each "on" run through the API, queued, and
+the server's supervisor could start a real 10-epoch torchrun for it before it was turned into the bench's run (seen
+once in 25 runs opened here), training beside the rounds that followed. Fixed; on this 2-core machine that
+day, 1 epoch, 20 rounds, the client still posting twice a second: 2 ranks on 92.5, off 102.4 steps/s,
++4.9% (14 of 20 slower; quartiles -1.3%, +13.9%), 12 posts a run, the server's CPU 0.50 s, a step 9.80 ms, during a
+post 16.03 ms, otherwise 9.51 ms; 1 rank on 226.7, off 247.8, +9.0% (13 of 20; -11.2%, +18.4%), during a post 12.6
+ms against 3.9 ms. An hour later, 20 rounds of four arms: on -1.0% (quartiles -6.7%, +12.0%); every thread of the
+server at nice 19, +3.3% (-1.3%, +9.8%); the client posting once a second, +0.9% (-5.3%, +6.6%; 7 posts a run, the
+server's CPU 0.41 s against 0.46 s). Reporting switched on and off in alternate blocks of 128 steps within each run,
+so that drift between runs cancels, did no better: neighbouring blocks differ by +-10% here, and a known cost of 1%
+(94 us a step) measured -2.2% over 70 pairs (quartiles -10.1%, +4.7%). On this machine 1% is below what any of
+these resolves; bench/post_cost.py measures the server's side directly instead.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def open_run(server: LiveServer, token: str, status: str = "running") -> int:
 
     (The launch itself, which makes the token, is tested end to end with a real torchrun.) One process, so that it
     fits any host, a one-GPU node included. Written whole in one transaction: a run created through the API is
-    queued, and the supervisor's next tick may start its torchrun (it did, 50 ms after, once in four benchmark runs)
+    queued, and the supervisor's next tick may start its torchrun (it did, 50 ms after, once in 25 runs opened)
     before the run could be changed into this one, leaving a 10-epoch training beside the test.
     """
     me = os.getpid()
