@@ -1,6 +1,6 @@
 """uvicorn's access log without the trainers' accepted batches: rank 0 of every run posts one a second and every
 other rank one every two, so their lines buried the requests a person made. /metrics counts them instead
-(`rankboard_ingest_batches_total`); a batch refused, for any reason, is still logged."""
+(`rankboard_ingest_batches_total`, with RANKBOARD_PROMETHEUS); a batch refused, for any reason, is still logged."""
 
 from __future__ import annotations
 
