@@ -22,6 +22,13 @@ def reread_locked(db: Session, run: Run, attribute: str) -> None:
     db.refresh(run, attribute_names=[attribute])
 
 
+def lock(db: Session, run: Run) -> None:
+    """Holds the run's row for writing until the commit and rereads all of it: what the caller decides next cannot be
+    undone by a transaction that read the row before (the supervisor's tick, a stop), as `reread_locked` does."""
+    db.execute(update(Run).where(Run.id == run.id).values(id=Run.id))
+    db.refresh(run)
+
+
 def run_by_external_key(db: Session, key: str) -> Run | None:
     """The run launched elsewhere whose processes join by `key`."""
     return db.scalar(select(Run).where(Run.external_key == key))

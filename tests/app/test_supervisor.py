@@ -7,12 +7,14 @@ import os
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
 
 from app.launcher import processes
 from app.models import Alert, Run, RunStatus
+from app.services import runs as runs_service
 from app.services.runs import ACTIVE, final_status
 from app.store.runs import runs_to_supervise
-from tests.live import free_port, wait_for
+from tests.live import free_port, run_processes, wait_for
 from trainer import wire
 from trainer.report import Reporter
 
@@ -51,6 +53,50 @@ def test_a_tick_reads_the_live_runs_and_of_a_long_queue_only_the_runs_it_may_act
     with client.app.state.sessions() as db:  # type: ignore[attr-defined]
         read = [run.id for run in runs_to_supervise(db, active=ACTIVE, local="local", head=slots)]
     assert slots == 2 and read == [running, queued[0], queued[1], queued[5], queued[6]]
+
+
+def test_a_run_stopped_while_queued_is_not_started_by_a_tick_that_read_it_before(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop that lands between the tick's read of the queue and its launch: the run stays stopped, no torchrun
+    starts. (A resumed run stopped at once was started all the same, and ran to its end: seen in CI.)"""
+    run_id = int(client.post("/api/runs", json={}).json()["id"])
+    launcher = client.app.state.launchers.local  # type: ignore[attr-defined]
+    stopped: list[str] = []
+    # The tick asks the launchers to refresh their view of the runs it read; the stop comes then, committed.
+    monkeypatch.setattr(
+        launcher, "refresh", lambda runs: stopped.append(client.post(f"/api/runs/{run_id}/stop").json()["status"])
+    )
+    run = tick(client)
+    launched = run_processes(client.app.state.settings.shared.parent)  # type: ignore[attr-defined]
+    processes.kill_all(launched)
+    assert stopped == ["stopped"]
+    assert (run["status"], run["status_reason"], launched) == ("stopped", "stopped before it started", [])
+
+
+def test_a_stop_that_read_the_run_queued_before_a_tick_started_it_stops_the_started_run(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order: the stop read the run queued, then the tick launched it. The stop must see the launch and
+    end its processes, not mark the run stopped and leave them training."""
+    run_id = int(client.post("/api/runs", json={"epochs": 100, "nproc_per_node": 1}).json()["id"])
+    read_run = runs_service.get_run
+
+    def read_then_tick(db: Session, *, run_id: int) -> Run:
+        run = read_run(db, run_id=run_id)
+        client.app.state.supervisor.tick()  # type: ignore[attr-defined]
+        return run
+
+    monkeypatch.setattr(runs_service, "get_run", read_then_tick)
+    answer = client.post(f"/api/runs/{run_id}/stop").json()
+    monkeypatch.undo()
+    shared = client.app.state.settings.shared  # type: ignore[attr-defined]
+    try:
+        assert answer["status"] == "stopping", answer["status_reason"]
+        wait_for(lambda: not run_processes(shared.parent), 60, what="the started run's processes to end")
+    finally:
+        processes.kill_all(run_processes(shared.parent))
+    assert tick(client)["status"] == "stopped"
 
 
 def test_a_live_run_without_an_exit_record_stays_running(client: TestClient) -> None:
