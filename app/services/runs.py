@@ -151,7 +151,8 @@ def stop_run(db: Session, *, run_id: int, launchers: Launchers, actor: str = "lo
     """Asks a run to stop: a queued run stops at once, a live one gets SIGTERM and a grace period."""
     with db.begin():
         run = get_run(db, run_id=run_id)
-        run_store.lock(db, run)  # a tick may be launching it: then it is stopped once started, not left running
+        # A tick may be launching it: held and reread, it is stopped once started, not marked stopped and left running.
+        run_store.reread_locked(db, run)
         if run.status.is_final:
             raise RunNotActive(f"run {run_id} already ended ({run.status.value})")
         if run.launcher == external.EXTERNAL:
@@ -328,7 +329,7 @@ def _start_queued(db: Session, *, watched: Sequence[Run], launchers: Launchers) 
 def _launch(db: Session, run: Run, *, launcher: Launcher, devices: list[int]) -> None:
     # The tick read the run before it held the database: a stop may have ended it since (a resumed run stopped at
     # once was started all the same). Reread with the row held, so that nothing changes it until this commits.
-    run_store.lock(db, run)
+    run_store.reread_locked(db, run)
     if run.status != RunStatus.queued:
         return
     token = secrets.token_urlsafe(32)

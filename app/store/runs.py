@@ -14,19 +14,14 @@ def get_run(db: Session, run_id: int) -> Run | None:
     return db.get(Run, run_id)
 
 
-def reread_locked(db: Session, run: Run, attribute: str) -> None:
-    """Rereads one column of the run with its row held for writing until the commit, so that a read-modify-write
-    of it loses no concurrent one. A write, not SELECT FOR UPDATE: SQLite has no row locks, and its deferred
-    transaction takes the write lock only at the first write, after a plain read could already be stale."""
-    db.execute(update(Run).where(Run.id == run.id).values({attribute: getattr(Run, attribute)}))
-    db.refresh(run, attribute_names=[attribute])
-
-
-def lock(db: Session, run: Run) -> None:
-    """Holds the run's row for writing until the commit and rereads all of it: what the caller decides next cannot be
-    undone by a transaction that read the row before (the supervisor's tick, a stop), as `reread_locked` does."""
-    db.execute(update(Run).where(Run.id == run.id).values(id=Run.id))
-    db.refresh(run)
+def reread_locked(db: Session, run: Run, attribute: str | None = None) -> None:
+    """Rereads one column of the run (all of them by default) with its row held for writing until the commit, so
+    that what the caller decides from it (a read-modify-write, a launch, a stop) loses no concurrent change. A write,
+    not SELECT FOR UPDATE: SQLite has no row locks, and its deferred transaction takes the write lock only at the
+    first write, after a plain read could already be stale."""
+    column = attribute or "id"
+    db.execute(update(Run).where(Run.id == run.id).values({column: getattr(Run, column)}))
+    db.refresh(run, attribute_names=[attribute] if attribute else None)
 
 
 def run_by_external_key(db: Session, key: str) -> Run | None:
