@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from app.models import Run, RunStatus
+from app.models import Run, RunStatus, utcnow
 from app.services.runs import hash_token
+from app.store import runs as run_store
 from trainer import wire
 
 TOKEN = "t0ken-for-tests"
@@ -27,6 +28,15 @@ def running_run(client: TestClient, name: str = "ingest") -> int:
         run = db.get(Run, run_id)
         run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
     return run_id
+
+
+def move_run(client: TestClient, run_id: int, status: RunStatus) -> None:
+    """Moves the run to `status` as the server does: an event for the move, and an end time once it is over (so
+    that what a page shows of a finished run, such as its wall time, stays as it was)."""
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.finished_at = utcnow() if status.is_final else None
+        run_store.set_status(db, run, status, f"moved to {status.value} by the test")
 
 
 def post(client: TestClient, run_id: int, body: object, token: str = TOKEN):  # type: ignore[no-untyped-def]

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.models import Run, RunStatus
 from app.services import logs
+from tests.app.conftest import move_run
 from tests.app.test_stream import events
 from tests.live import REPO, free_port
 from trainer import wire
@@ -205,11 +206,6 @@ def test_a_link_out_of_the_shared_folder_is_never_read(
     assert client.get(f"/api/runs/{run_id}/logs/1/stdout").status_code == 404
 
 
-def finish(client: TestClient, run_id: int, status: RunStatus) -> None:
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        db.get(Run, run_id).status = status
-
-
 def test_the_live_stream_of_a_finished_run_sends_the_tail_explains_and_ends(
     client: TestClient, run_id: int, run_logs: Path
 ) -> None:
@@ -217,7 +213,7 @@ def test_the_live_stream_of_a_finished_run_sends_the_tail_explains_and_ends(
         'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\n'
         "ValueError: bad batch shape (3, 4)"  # no newline at the end: the run is over, so the line is complete
     )
-    finish(client, run_id, RunStatus.failed)
+    move_run(client, run_id, RunStatus.failed)
     received = events(client.get(f"/runs/{run_id}/logs/stream", params={"rank": "1", "stream": "stderr"}).text)
     assert [kind for kind, _, _ in received] == ["reset", "lines", "explain", "end"]
     assert json.loads(received[0][1])["lines"][0] == "Traceback (most recent call last):"
@@ -226,7 +222,7 @@ def test_the_live_stream_of_a_finished_run_sends_the_tail_explains_and_ends(
 
 
 def test_the_live_stream_filters_and_validates(client: TestClient, run_id: int, run_logs: Path) -> None:
-    finish(client, run_id, RunStatus.succeeded)
+    move_run(client, run_id, RunStatus.succeeded)
     received = events(client.get(f"/runs/{run_id}/logs/stream", params={"filter": "STEP 499"}).text)
     assert json.loads(received[0][1])["lines"] == ["[rank 0] step 499 loss 0.5"]
     assert client.get(f"/runs/{run_id}/logs/stream", params={"stream": "stdin"}).status_code == 422
@@ -249,7 +245,7 @@ def test_the_panel_offers_every_rank_and_explains_a_failed_run(client: TestClien
     panel = client.get(f"/runs/{run_id}/logs").text
     assert ">rank 0</option>" in panel and ">rank 1</option>" in panel
     assert "launcher (torchrun)" in panel and "What went wrong" not in panel
-    finish(client, run_id, RunStatus.failed)
+    move_run(client, run_id, RunStatus.failed)
     failed = client.get(f"/runs/{run_id}/logs").text
     assert "What went wrong" in failed and "no failure the dashboard recognises" in failed
     page = client.get(f"/runs/{run_id}").text
@@ -350,7 +346,7 @@ def test_slurms_lines_explain_a_run_and_a_requeue_begins_anew(client: TestClient
     output.write_text(f"{SLURM_OUTPUT}{CANCELLED} DUE TO PREEMPTION ***\n")
     found = client.get(f"/api/runs/{run_id}/diagnoses").json()
     assert [(d["kind"], d["rank"]) for d in found] == [("slurm_preempted", None)]
-    finish(client, run_id, RunStatus.failed)
+    move_run(client, run_id, RunStatus.failed)
     assert "Preempted (Slurm)" in client.get(f"/runs/{run_id}/logs").text
 
     with open(output, "a") as f:  # Slurm requeued the job: the next attempt appends to the same file

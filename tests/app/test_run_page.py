@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 from fastapi.testclient import TestClient
 
-from app.models import Run, RunStatus
-from tests.app.conftest import post
+from app.models import RunStatus
+from tests.app.conftest import move_run, post
 from tests.app.test_stream import events
 from trainer import wire
 
@@ -71,8 +71,7 @@ def test_the_stream_starts_after_the_points_the_charts_already_read(client: Test
     stream_url = re.search(r'sse-connect="([^"]+)"', page)
     assert stream_url is not None
     assert post(client, run_id, {"points": points("loss", steps=range(5001, 5003))}).status_code == 200
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        db.get(Run, run_id).status = RunStatus.succeeded  # so that the stream ends once it has sent everything
+    move_run(client, run_id, RunStatus.succeeded)  # so that the stream ends once it has sent everything
 
     received = [(kind, data) for kind, data, _id in events(client.get(stream_url[1]).text) if kind == "points"]
     assert len(received) == 1

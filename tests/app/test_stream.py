@@ -9,11 +9,11 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from app.models import Run, RunStatus
+from app.models import RunStatus
 from app.services import metrics
 from app.store import metrics as metric_store
 from app.stream import Fragments, SharedFragments
-from tests.app.conftest import batch, post, running_run
+from tests.app.conftest import batch, move_run, post, running_run
 
 
 def events(text: str) -> list[tuple[str, str, str | None]]:
@@ -29,8 +29,7 @@ def events(text: str) -> list[tuple[str, str, str | None]]:
 
 
 def finish(client: TestClient, run_id: int) -> None:
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        db.get(Run, run_id).status = RunStatus.succeeded
+    move_run(client, run_id, RunStatus.succeeded)
 
 
 def test_a_finished_runs_stream_sends_everything_then_ends(client: TestClient, run_id: int) -> None:
@@ -49,8 +48,7 @@ def test_a_reconnecting_page_gets_only_what_it_has_not_seen(client: TestClient, 
     post(client, run_id, batch(1, 2))
     finish(client, run_id)
     last_id = events(client.get(f"/runs/{run_id}/stream").text)[0][2]
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        db.get(Run, run_id).status = RunStatus.running
+    move_run(client, run_id, RunStatus.running)
     post(client, run_id, batch(2, 3, 4))  # step 2 again (a retry): stored once, so never sent twice
     finish(client, run_id)
     again = events(client.get(f"/runs/{run_id}/stream", headers={"Last-Event-ID": str(last_id)}).text)
@@ -117,20 +115,15 @@ def test_stream_of_unknown_run_is_404(client: TestClient) -> None:
     assert client.get("/runs/77/stream").status_code == 404
 
 
-def finish_as(client: TestClient, run_id: int, status: RunStatus) -> None:
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        db.get(Run, run_id).status = status
-
-
 def test_a_page_opened_right_after_a_resume_shows_the_run_as_it_is_now(client: TestClient, run_id: int) -> None:
     # Pages share a run's fragments for a second; what a finished run looked like must not be shared, or a page
     # opened the moment the run came back would show, and end on, what it was before.
     post(client, run_id, batch(1))
-    finish_as(client, run_id, RunStatus.succeeded)
+    move_run(client, run_id, RunStatus.succeeded)
     client.get(f"/runs/{run_id}/stream")
-    finish_as(client, run_id, RunStatus.running)
+    move_run(client, run_id, RunStatus.running)
     post(client, run_id, batch(2))
-    finish_as(client, run_id, RunStatus.stopped)
+    move_run(client, run_id, RunStatus.stopped)
     statuses = [data for kind, data, _ in events(client.get(f"/runs/{run_id}/stream").text) if kind == "status"]
     assert 'id="status">stopped<' in statuses[0]
 
