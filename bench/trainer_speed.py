@@ -69,6 +69,14 @@ server's CPU 0.41 s against 0.46 s). Reporting switched on and off in alternate 
 so that drift between runs cancels, did no better: neighbouring blocks differ by +-10% here, and a known cost of 1%
 (94 us a step) measured -2.2% over 70 pairs (quartiles -10.1%, +4.7%). On this machine 1% is below what any of
 these resolves; bench/post_cost.py measures the server's side directly instead.
+
+With the client posting once a second by default (the same machine, later that day, slower still: 1 rank ran 211
+steps/s against 596 two days before), 1 epoch, 20 rounds: 1 rank on 211.9, off 211.2 steps/s, -3.0% (9 of 20
+slower; quartiles -18.2%, +13.4%), 6 posts a run, the server's CPU 0.32 s; 2 ranks on 93.8, off 98.7, +7.4% (16 of
+20 slower; quartiles +1.0%, +9.3%), 7 posts a run, the server's CPU 0.44 s (torchrun's start-up included), a step
+9.69 ms, during a post 16.86 ms, otherwise 9.48 ms against 9.22 ms off. Two ranks fill both cores here, so all the
+server does and both reporting threads are taken from them: about a third of the difference during posts, the rest
+spread over every step.
 """
 
 from __future__ import annotations
