@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -21,9 +21,13 @@ def upsert_heartbeat(db: Session, *, run_id: int, rank: int, host: str, step: in
     db.execute(statement.on_conflict_do_update(index_elements=["run_id", "rank"], set_=values))
 
 
+# Built once: the supervisor reads each running run's ranks twice a second (bench/supervisor_tick.py).
+_RANK_ROWS = select(RunRank).where(RunRank.run_id == bindparam("run_id")).order_by(RunRank.rank)
+
+
 def rank_rows(db: Session, *, run_id: int) -> list[RunRank]:
     """The run's ranks by number, with their last heartbeat."""
-    return list(db.query(RunRank).filter(RunRank.run_id == run_id).order_by(RunRank.rank))
+    return list(db.scalars(_RANK_ROWS, {"run_id": run_id}))
 
 
 def set_ending(db: Session, *, run_id: int, rank: int, host: str, how: str, at: datetime) -> None:

@@ -20,6 +20,7 @@ from app.schemas import BatchIn
 from app.services import metrics
 from app.settings import Settings
 from app.store import metrics as metric_store
+from tests.app import test_health, test_supervisor
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, running_run, series
 from tests.postgres import new_database, postgres_bin, postgres_server
 from trainer import wire
@@ -156,3 +157,13 @@ def test_batches_into_the_same_chunks_at_once_lose_nothing_on_postgresql(pg_clie
         logged = metric_store.points_after(db, run_id=run_id, after_id=0, limit=100_000)
     assert sorted(point.step for point in logged) == list(range(8000))
     assert [point.id for point in logged] == list(range(1, 8001))  # numbered in commit order, each once
+
+
+# The supervisor's statements are built once and take their values at each tick (a LIMIT, an IN of statuses, a time):
+# the same tests on PostgreSQL, each on a database of its own (a tick would start the other test's queued runs).
+def test_a_tick_reads_the_same_live_and_queued_runs_on_postgresql(pg_client: TestClient) -> None:
+    test_supervisor.test_a_tick_reads_the_live_runs_and_of_a_long_queue_only_the_runs_it_may_act_on(pg_client)
+
+
+def test_the_supervisor_records_not_progressing_and_progressing_again_on_postgresql(pg_client: TestClient) -> None:
+    test_health.test_the_supervisor_records_not_progressing_once_and_progressing_again_once(pg_client)
