@@ -82,8 +82,8 @@ With the supervisor's statements built once (2026-11-26: a tick with one live ru
 supervisor_tick.py), the same machine, slower again (1 rank ~172 steps/s off), 1 epoch, 20 rounds: 2 ranks on 89.0,
 off 90.7 steps/s, +2.3% (15 of 20 slower; quartiles -0.7%, +5.5%), 7 posts a run, the server's CPU 0.35 s (from
 0.44), a step 10.83 ms, during a post 17.45 ms, otherwise 10.58 ms against 10.73 ms off: the steps away from posts
-no longer pay (before: 9.48 against 9.22 ms), what is left sits in the steps during posts; 1 rank on 178.8, off 171.6, -2.0% (9 of 20; -10.5%, +7.7%), the
-server's CPU 0.30 s, the reporter's and sampler's threads 0.03 s each.
+no longer pay (before: 9.48 against 9.22 ms), what is left sits in the steps during posts. 1 rank: on 178.8, off
+171.6, -2.0% (9 of 20; -10.5%, +7.7%), the server's CPU 0.30 s, the reporter's and sampler's threads 0.03 s each.
 """
 
 from __future__ import annotations
