@@ -40,7 +40,7 @@ EARLIEST = datetime.min.replace(tzinfo=timezone.utc)  # `since` for every event
 @functools.cache
 def _newest_event(prefixes: tuple[str, ...]) -> Select[RunEvent]:
     """Built once for each set of prefixes (there is one): the supervisor asks for every running run twice a second,
-    and building the statement took twice as long as running it (bench/supervisor_tick.py)."""
+    and building the statement took more than twice as long as running it (bench/supervisor_tick.py)."""
     starts = or_(*(RunEvent.reason.startswith(prefix, autoescape=True) for prefix in prefixes))
     since = RunEvent.at >= bindparam("since")
     query = select(RunEvent).where(RunEvent.run_id == bindparam("run_id"), starts, since)

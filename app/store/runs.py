@@ -44,12 +44,12 @@ def runs_with_status(db: Session, statuses: Iterable[RunStatus]) -> Sequence[Run
     return db.scalars(select(Run).where(Run.status.in_(list(statuses))).order_by(Run.id)).all()
 
 
-# The supervisor's statement, built once: at two ticks a second, building it anew took three quarters of what
-# running it did (bench/supervisor_tick.py); the values change, not the statement.
+# The supervisor's statement, built once: the values change from tick to tick, the statement does not, and building
+# it anew at each of two ticks a second was three quarters of its cost (bench/supervisor_tick.py).
 _QUEUED = Run.status == RunStatus.queued
 _ALERTED = select(Alert.run_id).where(Alert.cleared_at.is_(None), Alert.run_id.is_not(None))
 _QUEUE_HEAD = select(Run.id).where(_QUEUED, Run.launcher == bindparam("local")).order_by(Run.id)
-TO_SUPERVISE = (
+_TO_SUPERVISE = (
     select(Run)
     .where(
         or_(
@@ -69,7 +69,7 @@ def runs_to_supervise(db: Session, *, active: Iterable[RunStatus], local: str, h
 
     The rest of a long queue is not read: loading it at every tick took ~0.05 ms a run, 11% of a core for 1,000
     queued runs, from training on the same node (bench/supervisor_tick.py)."""
-    return list(db.scalars(TO_SUPERVISE, {"active": list(active), "local": local, "head": head}))
+    return list(db.scalars(_TO_SUPERVISE, {"active": list(active), "local": local, "head": head}))
 
 
 def set_status(db: Session, run: Run, status: RunStatus, reason: str) -> None:
