@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
@@ -14,8 +14,6 @@ from app.api import UNREADABLE_BODY, documented, request_body
 from app.deps import (
     CallerDep,
     FoldersDep,
-    IngestCountersDep,
-    IngestThreadsDep,
     LaunchersDep,
     SessionDep,
     SettingsDep,
@@ -158,19 +156,20 @@ def parse_batch(body: bytes) -> BatchIn:
 @router.post("/{run_id}/metrics", response_model=IngestResult, response_model_exclude_defaults=True,
              responses={**documented(InvalidToken, RunNotFound, RunNotActive), **UNREADABLE_BODY},
              openapi_extra=request_body(BatchIn), summary="Ingest a trainer's batch (idempotent)")  # fmt: skip
-async def ingest(
-    run_id: RunId,
-    request: Request,
-    db: SessionDep,
-    token: Annotated[str, Depends(trainer_token)],
-    counters: IngestCountersDep,
-    threads: IngestThreadsDep,
-) -> IngestResult:
-    """Parsed and stored on the ingest threads (app.ingest_threads), which may yield the CPU to training."""
-    body = await request.body()
-    return await threads.run(
-        lambda: metrics.ingest(db, run_id=run_id, token=token, batch=parse_batch(body), counters=counters)
-    )
+async def ingest(run_id: RunId, request: Request, token: Annotated[str, Depends(trainer_token)]) -> Response:
+    """Parsed and stored on the ingest threads (app.ingest_threads), which may yield the CPU to training, in a
+    session of their own. Every rank posts here each second or two, so the route asks FastAPI for nothing it can
+    take from the app itself: each dependency, and the check of a returned model, cost the event loop's thread
+    CPU at every post (bench/post_cost.py)."""
+    state, body = request.app.state, await request.body()
+
+    def take() -> IngestResult:
+        with state.sessions() as db:
+            batch = parse_batch(body)
+            return metrics.ingest(db, run_id=run_id, token=token, batch=batch, counters=state.ingest_counters)
+
+    result = await state.ingest_threads.run(take)
+    return Response(result.model_dump_json(exclude_defaults=True), media_type="application/json")
 
 
 @router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut, responses=documented(RunNotFound),
