@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 from app.auth.policy import Caller
 from app.errors import NotAuthenticated
 from app.folders import RunFolders
-from app.ingest_threads import IngestThreads
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.services.metrics import IngestCounters
@@ -46,10 +45,6 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def get_ingest_threads(request: Request) -> IngestThreads:
-    return request.app.state.ingest_threads
-
-
 async def get_ingest_counters(request: Request) -> IngestCounters:
     return request.app.state.ingest_counters
 
@@ -69,4 +64,3 @@ LaunchersDep = Annotated[Launchers, Depends(get_launchers)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
 IngestCountersDep = Annotated[IngestCounters, Depends(get_ingest_counters)]
-IngestThreadsDep = Annotated[IngestThreads, Depends(get_ingest_threads)]

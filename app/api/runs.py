@@ -153,7 +153,7 @@ def parse_batch(body: bytes) -> BatchIn:
         ) from None
 
 
-@router.post("/{run_id}/metrics", response_model=IngestResult, response_model_exclude_defaults=True,
+@router.post("/{run_id}/metrics", response_model=IngestResult,
              responses={**documented(InvalidToken, RunNotFound, RunNotActive), **UNREADABLE_BODY},
              openapi_extra=request_body(BatchIn), summary="Ingest a trainer's batch (idempotent)")  # fmt: skip
 async def ingest(run_id: RunId, request: Request, token: Annotated[str, Depends(trainer_token)]) -> Response:
