@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
@@ -148,9 +148,19 @@ def parse_batch(body: bytes) -> BatchIn:
     try:
         return BatchIn.model_validate_json(body)
     except ValidationError as error:
+        if not _is_utf8(body):  # its errors would quote the bytes, which JSON cannot carry: the 400 of other routes
+            raise HTTPException(400, "There was an error parsing the body: it is not UTF-8 text") from None
         raise RequestValidationError(
             [{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]
         ) from None
+
+
+def _is_utf8(body: bytes) -> bool:
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 @router.post("/{run_id}/metrics", response_model=IngestResult,

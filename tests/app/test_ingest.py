@@ -214,6 +214,20 @@ def test_a_malformed_column_is_refused_naming_it_and_nothing_is_stored(
     assert series(client, run_id) == []
 
 
+@pytest.mark.parametrize(
+    "body",
+    [b"\x80", b'{"columns": [{"key": "lo\xffss", "steps": [1], "values": [1.0], "times": [0]}]}'],
+    ids=["a stray byte", "a batch with a key that is not UTF-8"],
+)
+def test_a_body_that_is_not_utf8_is_refused_as_unreadable_and_nothing_is_stored(
+    client: TestClient, run_id: int, body: bytes
+) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    answer = client.post(f"/api/runs/{run_id}/metrics", content=body, headers=headers)
+    assert answer.status_code == 400 and "not UTF-8" in answer.json()["detail"]
+    assert client.get(f"/api/runs/{run_id}/metrics").json() == []
+
+
 def test_a_batch_of_more_points_than_a_batch_holds_is_refused(client: TestClient, run_id: int) -> None:
     steps = list(range(wire.MAX_POINTS_PER_BATCH // 2 + 1))  # two columns, each within bounds, too many together
     halves = [wire.Column(key, 0, steps, [0.0] * len(steps), [0.0] * len(steps)) for key in ("loss", "lr")]
