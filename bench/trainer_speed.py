@@ -84,6 +84,14 @@ off 90.7 steps/s, +2.3% (15 of 20 slower; quartiles -0.7%, +5.5%), 7 posts a run
 0.44), a step 10.83 ms, during a post 17.45 ms, otherwise 10.58 ms against 10.73 ms off: the steps away from posts
 no longer pay (before: 9.48 against 9.22 ms), what is left sits in the steps during posts. 1 rank: on 178.8, off
 171.6, -2.0% (9 of 20; -10.5%, +7.7%), the server's CPU 0.30 s, the reporter's and sampler's threads 0.03 s each.
+
+With the ingest route asking FastAPI for only the run id and the token (2026-11-26, later; bench/post_cost.py: rank
+0's post 12.36 -> 11.27 ms of server CPU), 1 epoch, 20 rounds, OMP_NUM_THREADS unset: 2 ranks on 98.8, off 105.3
+steps/s, +1.5% (11 of 20 slower; quartiles -2.8%, +6.4%), 6 posts a run, the server's CPU 0.29 s (from 0.35), a step
+9.26 ms, during a post 15.79 ms, otherwise 9.12 ms against 8.59 ms off. 1 rank on 232.0, off 250.8, +3.2% (10 of 20;
+quartiles -22.8%, +26.2%: runs from 158 to 362 steps/s), the server's CPU 0.22 s, a step during a post 14.67 ms
+against 4.01 ms otherwise: one rank's intra-op threads take both cores here, so the server's ~11 ms a post stalls them.
+In both, what remains is the server's CPU taken from training's cores, not the reporter's thread (0.02 s a run).
 """
 
 from __future__ import annotations
