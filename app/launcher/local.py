@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -114,6 +115,10 @@ class LocalLauncher:
         env.update(program.trainer_environment(
             run, folders=self.folders, server_url=self.settings.trainer_url, token=token, launch_id=launch_id
         ))  # fmt: skip
+        # A stop reaches torchrun, which SIGTERMs the ranks and SIGKILLs them 30 s later unless told otherwise: a rank
+        # still saving must get the whole grace the server promises. By the variable, not --shutdown-timeout: a torch
+        # older than that flag (2026) refuses the flag, and ignores the variable.
+        env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(math.ceil(self.settings.stop_grace_s))
         if self.gpu_count:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices are then NVML's, which `devices` holds
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)

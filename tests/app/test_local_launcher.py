@@ -1,17 +1,21 @@
 """Which GPUs the local launcher hands out: only those the server itself may use (its CUDA_VISIBLE_DEVICES), each
-named to a run by the index NVML and the Host page use. With the fake NVML: this machine has no GPU."""
+named to a run by the index NVML and the Host page use (with the fake NVML: this machine has no GPU); and how long
+torchrun lets a rank finish once asked to stop."""
 
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from app.folders import RunFolders
-from app.launcher.local import LocalLauncher
+from app.launcher import processes
+from app.launcher.local import EXIT_FILE, LocalLauncher
 from app.models import Run
 from app.settings import Settings
+from tests.live import run_processes, wait_for
 from trainer import gpu
 
 
@@ -55,3 +59,43 @@ def test_a_server_hidden_from_every_gpu_runs_on_cpu_slots(tmp_path: Path, monkey
     assert (launcher.gpu_count, launcher.slots) == (0, [0, 1])
     env = launcher._environment(Run(id=7, name="r"), "token", "launch", devices=[0, 1])
     assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+# Each rank, asked to stop, takes 20 s to "save", as a big checkpoint would.
+SLOW_TO_SAVE = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+    marks = Path(sys.argv[1])
+    rank = os.environ["RANK"]
+    def save_then_exit(*_):
+        (marks / f"asked-{rank}").touch()
+        time.sleep(20)
+        (marks / f"saved-{rank}").touch()
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, save_then_exit)
+    (marks / f"ready-{rank}").touch()
+    while True:
+        time.sleep(1)
+""")
+
+
+def test_torchrun_kills_the_ranks_at_the_stop_grace_not_at_its_own_30_s(tmp_path: Path) -> None:
+    """A stop reaches torchrun, which SIGTERMs the ranks and SIGKILLs them after 30 s unless told otherwise: with
+    the default 60 s grace, a rank 40 s into its checkpoint was killed. Told a 1 s grace, it kills a rank 20 s in."""
+    script, marks = tmp_path / "slow_to_save.py", tmp_path / "marks"
+    script.write_text(SLOW_TO_SAVE)
+    marks.mkdir()
+    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared", slots=2, stop_grace_s=1)
+    launcher = LocalLauncher(settings, RunFolders(tmp_path / "shared"))
+    run = Run(id=1, name="slow to save", nproc_per_node=2, max_restarts=0, script=str(script), script_args=[str(marks)])
+    launch = launcher.start(run, token="token", devices=[0, 1])
+    run.pid, run.pid_start_ticks = launch.pid, launch.start_ticks
+    exit_file = launcher.folders.run_dir(run) / EXIT_FILE
+    try:
+        wait_for(lambda: len(list(marks.glob("ready-*"))) == 2, 60, what="both ranks started")
+        launcher.terminate(run)  # what Stop does first; the server's own SIGKILL, after the grace, is not sent here
+        ended = wait_for(lambda: exit_file.exists() and json.loads(exit_file.read_text()), 60, what="torchrun's exit")
+    finally:
+        processes.kill_all(run_processes(tmp_path))  # the test must not leave a rank behind, whatever happened
+    assert ended["exit_code"] != 0
+    assert sorted(path.name for path in marks.glob("[as]*")) == ["asked-0", "asked-1"]  # neither got to "saved"
