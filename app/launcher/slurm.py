@@ -158,13 +158,11 @@ class JobOptions:
                 "#SBATCH --requeue" if self.requeue else "#SBATCH --no-requeue"]  # fmt: skip
 
 
-def agent_arguments(run: Run, folders: RunFolders, *, grace_s: int) -> list[str]:
+def agent_arguments(run: Run, folders: RunFolders) -> list[str]:
     """torchrun's options and the program, after `-m torch.distributed.run` and the per-task is_host."""
     return [
         "--nnodes=$SLURM_NTASKS", f"--nproc-per-node={run.nproc_per_node}", "--rdzv-backend=c10d",
         "--rdzv-endpoint=$HEAD:$PORT", "--rdzv-id=$SLURM_JOB_ID",
-        # torchrun SIGKILLs its workers 30 s after passing a signal on, unless told to wait as long as the grace.
-        f"--signals-to-handle={SIGNALS}", f"--shutdown-timeout={grace_s}",
         "--redirects", "3",  # into each agent's own --log-dir, which AGENT names
         "--max-restarts", str(run.max_restarts), *program.trainer_program(run, folders),
     ]  # fmt: skip
@@ -173,9 +171,7 @@ def agent_arguments(run: Run, folders: RunFolders, *, grace_s: int) -> list[str]
 def job_script(run: Run, *, options: JobOptions, folders: RunFolders, python: str = sys.executable) -> str:
     """The batch script: every value quoted, the rendezvous host from Slurm, the exit code recorded at the end."""
     expanded = {"--nnodes=$SLURM_NTASKS", "--rdzv-endpoint=$HEAD:$PORT", "--rdzv-id=$SLURM_JOB_ID"}
-    arguments = " ".join(
-        f'"{a}"' if a in expanded else shlex.quote(a) for a in agent_arguments(run, folders, grace_s=options.grace_s)
-    )
+    arguments = " ".join(f'"{a}"' if a in expanded else shlex.quote(a) for a in agent_arguments(run, folders))
     exit_file = folders.run_dir(run) / EXIT_FILE
     # The batch shell alone gets Slurm's warning: it notes it for the server and passes it on to the agents.
     warned = f'touch {shlex.quote(str(folders.run_dir(run) / WARNED))}; scancel --signal=USR2 "$SLURM_JOB_ID.0"'
@@ -193,6 +189,10 @@ def job_script(run: Run, *, options: JobOptions, folders: RunFolders, python: st
         'if [ -z "$HEAD" ]; then echo "rankboard: no head node in SLURM_JOB_NODELIST" >&2; exit 1; fi',
         "PORT=$(( 29500 + SLURM_JOB_ID % 10000 ))",
         f"trap {shlex.quote(warned)} USR2",
+        # torchrun's options by their variables, which a torch too old for an option ignores where its command line
+        # would refuse it and fail the run: pass USR2 on (it dies of it otherwise; torch 2.9 on), and give the ranks
+        # the whole grace (it SIGKILLs them 30 s after passing a signal on otherwise; torch of 2026 on).
+        f"export PET_SIGNALS_TO_HANDLE={SIGNALS} TORCH_ELASTIC_SHUTDOWN_TIMEOUT={options.grace_s}",
         f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(AGENT)} {shlex.quote(python)} {arguments} &",
         WAIT_FOR_SRUN,
         f"printf '{{\"exit_code\": %d}}\\n' \"$rc\" > {shlex.quote(str(exit_file))}.tmp",

@@ -32,7 +32,7 @@ def hostile_run(tmp_path: Path) -> Run:
 
 def script_argv(script: str, tmp_path: Path) -> list[str]:
     """What srun would be given when bash runs the script: srun and scontrol stand in as functions that print."""
-    prelude = 'srun() { printf "%s\\0" "$@" > "$ARGV"; }\nscontrol() { echo node-a; echo node-b; }\n'
+    prelude = 'srun() { printf "%s\\0" "$@" > "$ARGV"; env > "$ARGV.env"; }\nscontrol() { echo node-a; echo node-b; }\n'
     env = {**os.environ, "ARGV": str(tmp_path / "argv"), "SLURM_JOB_NODELIST": "node-[a-b]", "SLURM_NTASKS": "2",
            "SLURM_JOB_ID": "41", "SLURM_CPUS_PER_TASK": "3"}  # fmt: skip
     subprocess.run(["bash", "-c", prelude + script], env=env, check=True, timeout=30, capture_output=True)
@@ -43,7 +43,7 @@ def test_hostile_names_and_arguments_reach_torchrun_as_data(tmp_path: Path) -> N
     run = hostile_run(tmp_path)
     folders = RunFolders(tmp_path / "shared")
     folders.run_dir(run).mkdir(parents=True)
-    script = job_script(run, options=JobOptions.of(run, Settings(data_dir=tmp_path)), folders=folders,
+    script = job_script(run, options=JobOptions.of(run, Settings(data_dir=tmp_path, stop_grace_s=45)), folders=folders,
                         python="/opt/py thon/bin/python")  # fmt: skip
     argv = script_argv(script, tmp_path)
     assert not (tmp_path / "pwned").exists() and "/tmp/evil" not in script  # the name never enters the script
@@ -51,7 +51,11 @@ def test_hostile_names_and_arguments_reach_torchrun_as_data(tmp_path: Path) -> N
     torchrun = argv[5:]
     assert torchrun[:5] == ["--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
                             "--rdzv-endpoint=node-a:" + str(29500 + 41), "--rdzv-id=41"]  # fmt: skip
-    assert "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2" in torchrun  # else USR2 kills torchrun
+    # torchrun's options that a torch older than them would refuse come by variables, which it ignores.
+    assert not [option for option in torchrun if option.startswith(("--signals-to-handle", "--shutdown-timeout"))]
+    told = dict(line.split("=", 1) for line in (tmp_path / "argv.env").read_text().splitlines() if "=" in line)
+    assert told["PET_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2"  # else USR2 kills torchrun
+    assert told["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "45"  # the grace, not torchrun's 30 s
     assert torchrun[-len(HOSTILE) - 1 :] == [run.script, *(run.script_args or [])]  # each argument intact
     assert (folders.run_dir(run) / "exit.json").read_text() == '{"exit_code": 0}\n'  # the exit code, recorded
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 
+from app.launcher import slurm
 from trainer import wire
 from trainer.config import TrainConfig
 from trainer.workloads import WORKLOADS
@@ -42,7 +43,6 @@ def torchrun_command(tmp: Path, *trainer_args: str) -> list[str]:
         "3",
         "--max-restarts",
         "0",
-        "--signals-to-handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",  # as the Slurm job script starts it
         "-m",
         "trainer",
         *trainer_args,
@@ -50,7 +50,10 @@ def torchrun_command(tmp: Path, *trainer_args: str) -> list[str]:
 
 
 def outside_dashboard_env() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if not name.startswith("RANKBOARD_")}
+    """This environment without the dashboard's settings; torchrun passes USR2 on, as the Slurm job script tells it."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("RANKBOARD_")} | {
+        "PET_SIGNALS_TO_HANDLE": slurm.SIGNALS
+    }
 
 
 def rank_log(tmp: Path, local_rank: int, stream: str = "stdout") -> str:
