@@ -117,7 +117,7 @@ class LocalLauncher:
         ))  # fmt: skip
         # A stop reaches torchrun, which SIGTERMs the ranks and SIGKILLs them 30 s later unless told otherwise: a rank
         # still saving must get the whole grace the server promises. By the variable, not --shutdown-timeout: a torch
-        # older than that flag (2026) refuses the flag, and ignores the variable.
+        # older than that option would refuse it and fail the run, and ignores the variable.
         env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(math.ceil(self.settings.stop_grace_s))
         if self.gpu_count:
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's indices are then NVML's, which `devices` holds

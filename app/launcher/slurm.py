@@ -190,8 +190,8 @@ def job_script(run: Run, *, options: JobOptions, folders: RunFolders, python: st
         "PORT=$(( 29500 + SLURM_JOB_ID % 10000 ))",
         f"trap {shlex.quote(warned)} USR2",
         # torchrun's options by their variables, which a torch too old for an option ignores where its command line
-        # would refuse it and fail the run: pass USR2 on (it dies of it otherwise; torch 2.9 on), and give the ranks
-        # the whole grace (it SIGKILLs them 30 s after passing a signal on otherwise; torch of 2026 on).
+        # would refuse it and fail the run: pass USR2 on (it dies of it otherwise), and give the ranks the whole
+        # grace (it SIGKILLs them 30 s after passing a signal on otherwise).
         f"export PET_SIGNALS_TO_HANDLE={SIGNALS} TORCH_ELASTIC_SHUTDOWN_TIMEOUT={options.grace_s}",
         f"srun --kill-on-bad-exit=1 bash -c {shlex.quote(AGENT)} {shlex.quote(python)} {arguments} &",
         WAIT_FOR_SRUN,
