@@ -4,7 +4,9 @@ torchrun ... -m bench.trainer_probe <the trainer's own arguments>   (rank 0 prin
 
 On rank 0 it records each step's wall time (between heartbeats, which every rank calls once a step, on or off alike),
 the reporter's posts (start and end), the garbage collector's time by generation, and the CPU time of the main thread,
-the reporter's thread and the sampler's thread (each taken by the thread itself as it ends).
+the reporter's thread and the sampler's thread (each taken by the thread itself as it ends). Each step's main-thread
+CPU time beside its wall time tells work the loop does itself from waiting (for the GIL, or for a core another
+process took).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ if _run_id is not None:
     os.environ[wire.ENV_RUN_ID] = _run_id
 
 beats: list[float] = []
+beats_cpu: list[float] = []  # the main thread's CPU time at each heartbeat
 posts: list[tuple[float, float]] = []
 gc_ms = [0.0, 0.0, 0.0]
 cpu_s: dict[str, float] = {}
@@ -59,6 +62,7 @@ def thread_cpu(name: str, run: Callable[[Any], None]) -> Any:
 
 def heartbeat(step: int, beat: Callable[[int], None] = report.heartbeat) -> None:
     beats.append(time.perf_counter())
+    beats_cpu.append(time.thread_time())
     beat(step)
 
 
@@ -70,18 +74,26 @@ def on_gc(phase: str, info: dict[str, int], started: list[float] = [0.0]) -> Non
 
 
 def summary() -> dict[str, Any]:
-    """Steps in ms: the median of all, and of those during which a post was under way ("busy") or not ("quiet")."""
+    """Steps in ms, of wall time and of the main thread's CPU time: the median of all, and of those during which a
+    post was under way ("busy") or not ("quiet")."""
     steps = list(itertools.pairwise(beats))
     busy = [any(s < b and e > a for s, e in posts) for a, b in steps]
-    ms = [(b - a) * 1e3 for a, b in steps]
-    during = [m for m, is_busy in zip(ms, busy, strict=True) if is_busy]
-    quiet = [m for m, is_busy in zip(ms, busy, strict=True) if not is_busy]
+
+    def medians(name: str, times: list[float]) -> dict[str, Any]:
+        ms = [(b - a) * 1e3 for a, b in itertools.pairwise(times)]
+        during = [m for m, is_busy in zip(ms, busy, strict=True) if is_busy]
+        quiet = [m for m, is_busy in zip(ms, busy, strict=True) if not is_busy]
+        return {
+            f"{name}_ms": statistics.median(ms),
+            f"busy_{name}_ms": statistics.median(during) if during else None,
+            f"quiet_{name}_ms": statistics.median(quiet) if quiet else None,
+        }
+
     return {
-        "steps": len(ms),
-        "step_ms": statistics.median(ms),
-        "busy_steps": len(during),
-        "busy_ms": statistics.median(during) if during else None,
-        "quiet_ms": statistics.median(quiet) if quiet else None,
+        "steps": len(steps),
+        "busy_steps": sum(busy),
+        **medians("step", beats),
+        **medians("cpu", beats_cpu),
         "posts": len(posts),
         "post_s": sum(e - s for s, e in posts),
         "gc_ms": gc_ms,

@@ -92,6 +92,31 @@ steps/s, +1.5% (11 of 20 slower; quartiles -2.8%, +6.4%), 6 posts a run, the ser
 quartiles -22.8%, +26.2%: runs from 158 to 362 steps/s), the server's CPU 0.22 s, a step during a post 14.67 ms
 against 4.01 ms otherwise: one rank's intra-op threads take both cores here, so the server's ~11 ms a post stalls them.
 In both, what remains is the server's CPU taken from training's cores, not the reporter's thread (0.02 s a run).
+
+On one H200 node (2026-11-26; torch 2.11 + CUDA 13, 16 cores; the client posting once a second): three benches at
+once, each with its own server on cores of its own (taskset): mlp with 1 and with 2 ranks on the CPU (CUDA hidden,
+gloo, OMP_NUM_THREADS=1, 4 cores each), and charlm in bf16 on the GPU (1 rank, nccl, 8 cores); two device calls
+of 420 s and 300 s, their rounds pooled (the pairs are within a call):
+    mlp, 1 rank, 23 rounds: on 375.8, off 400.8 steps/s, median paired slowdown +5.4% (18 of 23 slower; quartiles
+        +0.1%, +8.1%); 4 posts a run; CPU of the reporter's thread 0.012-0.014 s a run, the sampler's 0.009-0.010 s,
+        the server's 0.11-0.12 s; a step 2.46 ms, during a post 2.6-3.2 ms, otherwise 2.45 and 2.44 ms against
+        2.41 and 2.27 ms off (per call).
+    mlp, 2 ranks, 24 rounds: on 273.2, off 274.1, +2.0% (17 of 24; -1.8%, +6.0%); 3-4 posts, the server's CPU
+        0.12-0.15 s; a step during a post 5.4-5.6 ms against 3.6-3.8 otherwise, 3.5-3.7 off.
+    charlm bf16 on the GPU, 21 rounds: on 95.4, off 96.2 steps/s (~390k tokens/s), +1.7% (12 of 21; -5.5%,
+        +9.5%; pairs from -21% to +40%: nothing resolved); 4 posts, the server's CPU 0.10-0.12 s; a step 8.0-8.2 ms,
+        during a post 9.3-9.5 ms.
+  So 1% is not met on the node's CPU with 1 rank: the run loses ~0.13 s of a ~2.7 s loop. The client's two threads
+  take 0.02 s of CPU over it; the server takes 0.11-0.12 s (an idle server ~4 ms/s, so ~0.1 s of it is the run's:
+  its posts and the supervisor's ticks with a live run), on cores of the same four. Those figures point at the
+  server, not the loop.
+
+The probe now also prints the main thread's CPU time a step. On this 2-core machine (the same day, 1 rank,
+OMP_NUM_THREADS=1, 18 rounds: on 272.4, off 275.1 steps/s, +0.4%, quartiles -17.1%, +15.2%): a step during a post
+4.24 ms of wall time and 3.88 ms of the main thread's CPU, otherwise 3.39 and 3.21 ms, off 3.37 and 3.18 ms. So during
+a post the loop's own CPU time grows by nearly as much as its wall time (+0.67 of +0.85 ms): it runs slower while
+the server ingests on the other core, rather than waiting for the reporter's hold of the GIL (waiting costs no CPU).
+The next GPU node should run this bench again to see whether the same holds there.
 """
 
 from __future__ import annotations
@@ -206,7 +231,8 @@ def reporting(tmp: Path, repeats: int, epochs: int, workload: str, options: argp
             try:
                 for round_ in range(repeats):
                     for arm in arms if round_ % 2 == 0 else reversed(arms):  # each arm goes first in half the rounds
-                        runs[arm].append(probed_run(tmp, nproc, workload, epochs, *arms[arm], *extra))
+                        watched = arms[arm][0] or server  # off: what the idle server takes meanwhile
+                        runs[arm].append(probed_run(tmp, nproc, workload, epochs, *arms[arm], *extra, watched=watched))
                     print(f"  round {round_ + 1}: " + ", ".join(f"{a} {r[-1]}" for a, r in runs.items()), flush=True)
             except KeyboardInterrupt:
                 print("  stopped: the rounds completed follow", flush=True)
@@ -242,7 +268,7 @@ class Probed:
 
     rate: float
     probe: dict[str, Any]
-    server_cpu: float  # the server process's CPU time over the run
+    server_cpu: float  # the server process's CPU time over the run (off: the same server, idle)
 
     def __str__(self) -> str:
         return f"{self.rate:.1f} ({self.probe['posts']} posts)"
@@ -260,10 +286,12 @@ class Probed:
             return median(lambda r: r.probe["cpu_s"].get(name, 0.0))
 
         posts, server, reporter, sampler = probed("posts"), median(lambda r: r.server_cpu), *map(thread, THREADS)
-        step, busy, quiet = probed("step_ms"), probed("busy_ms"), probed("quiet_ms")
+        step, busy, quiet = probed("step_ms"), probed("busy_step_ms"), probed("quiet_step_ms")
+        cpu, busy_cpu, quiet_cpu = probed("cpu_ms"), probed("busy_cpu_ms"), probed("quiet_cpu_ms")
         return (
             f"a run: {posts:.0f} posts, CPU of the reporter's thread {reporter:.3f} s, the sampler's {sampler:.3f} s, "
-            f"the server's {server:.3f} s; a step {step:.3f} ms, during a post {busy:.3f} ms, otherwise {quiet:.3f} ms"
+            f"the server's {server:.3f} s; a step {step:.3f} ms, during a post {busy:.3f} ms, otherwise {quiet:.3f} "
+            f"ms; of the main thread's CPU {cpu:.3f} ms, {busy_cpu:.3f} ms, {quiet_cpu:.3f} ms"
         )
 
 
@@ -273,19 +301,28 @@ def python_path(*first: Path) -> str:
 
 
 def probed_run(
-    tmp: Path, nproc: int, workload: str, epochs: int, server: LiveServer | None, arm_env: dict[str, str], *extra: str
+    tmp: Path,
+    nproc: int,
+    workload: str,
+    epochs: int,
+    server: LiveServer | None,
+    arm_env: dict[str, str],
+    *extra: str,
+    watched: LiveServer,
 ) -> Probed:
+    """One run through the probe, reporting to `server` (None: off); `watched` is the server whose CPU it counts."""
     env = outside_dashboard() | {"PYTHONPATH": python_path()} | arm_env
     if server is not None:
         token = secrets.token_hex(8)
         run_id = open_run(server, token)
         env |= {wire.ENV_RUN_ID: str(run_id), wire.ENV_SERVER_URL: server.url, wire.ENV_TOKEN: token,
                 wire.ENV_RUN_DIR: str(tmp / f"run-{run_id}")}  # fmt: skip
-    process = psutil.Process(server.process.pid) if server is not None and server.process else None
-    before = sum(process.cpu_times()[:2]) if process else 0.0
+    assert watched.process is not None
+    process = psutil.Process(watched.process.pid)
+    before = sum(process.cpu_times()[:2])
     # From the temporary folder: the trainer package is the one PYTHONPATH names first, not the working folder's.
     rate, output = train_once(tmp, nproc, workload, epochs, env, *extra, module="bench.trainer_probe", cwd=tmp)
-    server_cpu = sum(process.cpu_times()[:2]) - before if process else 0.0
+    server_cpu = sum(process.cpu_times()[:2]) - before
     if server is not None:  # ended, as a launcher's run is when torchrun exits: else each round adds a live run
         set_run(server, run_id, status=RunStatus.succeeded, finished_at=utcnow())  # to every later tick's work
     probe = json.loads(next(line for line in output.splitlines() if line.startswith("[probe] "))[8:])
