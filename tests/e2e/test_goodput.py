@@ -18,11 +18,11 @@ from tests.live import LiveServer, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
 
-# Small batches: about 2,048 steps an epoch per rank, several seconds here, so the kill lands in epoch 2 well after
-# its first checkpoint, and the stop later in the same epoch, after the restart.
-OPTIONS: dict[str, Any] = {"workload": "mlp", "epochs": 2, "batch_size": 16, "seed": 3, "checkpoint_every": 1,
+# Small batches: 1,024 steps an epoch per rank, several seconds here, so the kill lands in epoch 2 well after its
+# first checkpoint, and the stop later in the same epoch, after the restart.
+OPTIONS: dict[str, Any] = {"workload": "mlp", "epochs": 2, "batch_size": 32, "seed": 3, "checkpoint_every": 1,
                            "checkpoint_unit": "epoch", "max_restarts": 1}  # fmt: skip
-STEPS_PER_EPOCH = 2048
+STEPS_PER_EPOCH = 1024
 ODD_GPU = "1:gpu=NVIDIA H100 80GB HBM3"
 
 
@@ -100,7 +100,7 @@ def test_each_lost_part_of_this_run_is_named(finished: dict[str, Any]) -> None:
 
 
 def test_the_steps_repeated_after_the_restart_are_counted_lost(finished: dict[str, Any]) -> None:
-    # The workers resumed from the checkpoint of step 2048 and took again every step up to where the kill found
+    # The workers resumed from the checkpoint of step 1024 and took again every step up to where the kill found
     # them: at least up to the step the server had seen before the kill.
     repeated = finished["goodput"]["repeated_steps"]
     assert finished["killed_at"] - STEPS_PER_EPOCH <= repeated < STEPS_PER_EPOCH
