@@ -117,6 +117,11 @@ OMP_NUM_THREADS=1, 18 rounds: on 272.4, off 275.1 steps/s, +0.4%, quartiles -17.
 a post the loop's own CPU time grows by nearly as much as its wall time (+0.67 of +0.85 ms): it runs slower while
 the server ingests on the other core, rather than waiting for the reporter's hold of the GIL (waiting costs no CPU).
 The next GPU node should run this bench again to see whether the same holds there.
+
+With the ranks posting every 5 s as a third arm (--report-s 5, RANKBOARD_REPORT_S; this 2-core machine, 2026-11-26, 2
+ranks, 1 epoch, 20 rounds): on 94.8, posting every 5 s 96.4, off 97.4 steps/s; median paired slowdowns +0.4% (10
+of 20 slower; quartiles -6.7%, +7.8%) and +2.9% (13 of 20; -2.7%, +12.9%): neither resolved. The server's CPU over a
+run: 0.31 s, 0.21 s, and 0.08 s idle (off), so the run's own cost to it fell from 0.23 to 0.13 s (7 posts to 3).
 """
 
 from __future__ import annotations
@@ -143,7 +148,7 @@ import torch
 from app.models import RunStatus, utcnow
 from app.settings import Settings
 from tests.live import LiveServer, open_run, set_run
-from trainer import wire
+from trainer import report, wire
 
 REPO = Path(__file__).resolve().parents[1]
 SUPERVISE_INTERVAL_S = str(Settings.model_fields["supervise_interval_s"].default)
@@ -221,6 +226,8 @@ def reporting(tmp: Path, repeats: int, epochs: int, workload: str, options: argp
         arms[f"on, ingest nice {options.ingest_nice}"] = (niced, {})
     if options.client_from:
         arms[f"on, {options.client_from.name}"] = (server, {"PYTHONPATH": python_path(options.client_from.resolve())})
+    if options.report_s:
+        arms[f"on, posting every {options.report_s:g} s"] = (server, {report.ENV_REPORT_S: str(options.report_s)})
     arms["off"] = (None, {})
     servers = {id(s): s for s, _env in arms.values() if s is not None}.values()
     for each in servers:
@@ -339,6 +346,7 @@ def main() -> None:
     parser.add_argument("--ingest-nice", type=int, default=0, help="add an arm whose server's ingest is this nice")
     parser.add_argument("--ranks", type=int, nargs="*", help="the rank counts to run (default: 1 and 2, as GPUs allow)")
     parser.add_argument("--client-from", type=Path, help="add an arm whose trainer package is the one in this folder")
+    parser.add_argument("--report-s", type=float, default=0.0, help="add an arm whose ranks post every this many s")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` ends it as Ctrl-C would: with a summary
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:  # a server may still be writing

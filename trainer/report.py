@@ -46,6 +46,14 @@ from . import external, forensics, wire
 _REQUEST_TIMEOUT_S = 5.0
 _RETRY_FIRST_S = 1.0
 _RETRY_MAX_S = 5.0
+# How often each rank posts, from the environment a launcher passes on (the server's own: set it where the server
+# runs). Pages read once a second. Longer costs the server less CPU (on a node that trains too, CPU that training
+# then keeps; bench/post_cost.py), and puts the charts that much behind. At most 10 s: a rank's heartbeat rides on its
+# posts, and the server's stall check (RANKBOARD_STALL_AFTER_S, 60 s by default) must see several.
+ENV_REPORT_S = "RANKBOARD_REPORT_S"
+DEFAULT_REPORT_S = 1.0
+REPORT_S_RANGE = (0.25, 10.0)
+HEARTBEAT_S = 2.0  # a rank with nothing to post says it is alive this often, or at each post if they are further apart
 
 # What log() queues: (key, step, value, unix time, rank or None for the reporter's own). A tuple, because log() must
 # cost well under 5 microseconds.
@@ -196,8 +204,8 @@ class Reporter:
         token: str,
         spool_dir: str | os.PathLike[str],
         rank: int = 0,
-        flush_interval: float = 1.0,  # pages read once a second; posting twice as often cost the server twice the CPU
-        heartbeat_interval: float = 2.0,
+        flush_interval: float = DEFAULT_REPORT_S,
+        heartbeat_interval: float = HEARTBEAT_S,
         max_batch: int = wire.MAX_POINTS_PER_BATCH,
         *,
         start: bool = True,
@@ -254,7 +262,9 @@ class Reporter:
             _stderr(f"{wire.ENV_RUN_ID} is set but {wire.ENV_SERVER_URL} is not; metrics will not be sent")
             return None
         spool_dir = environ.get(wire.ENV_RUN_DIR) or os.path.join(tempfile.gettempdir(), f"rankboard-{run_id}")
-        return cls(url, run_id, environ.get(wire.ENV_TOKEN, ""), spool_dir, rank=int(environ.get("RANK", "0")))
+        flush, beat = _intervals(environ)
+        return cls(url, run_id, environ.get(wire.ENV_TOKEN, ""), spool_dir, rank=int(environ.get("RANK", "0")),
+                   flush_interval=flush, heartbeat_interval=beat)  # fmt: skip
 
     def stop_requested(self) -> bool:
         """Whether the dashboard asked this run (launched elsewhere, with takes_stop) to stop."""
@@ -544,6 +554,29 @@ def _stderr(message: str) -> None:
     print(f"rankboard: {message}", file=sys.stderr, flush=True)
 
 
+def report_interval(environ: Mapping[str, str] = os.environ) -> float:
+    """RANKBOARD_REPORT_S, brought within REPORT_S_RANGE; the default when unset or not a number."""
+    raw = environ.get(ENV_REPORT_S)
+    try:
+        interval = float(raw) if raw else DEFAULT_REPORT_S
+    except ValueError:
+        interval = math.nan
+    if interval != interval:
+        _stderr(f"{ENV_REPORT_S}={raw!r} is not a number; posting every {DEFAULT_REPORT_S:g} s")
+        return DEFAULT_REPORT_S
+    low, high = REPORT_S_RANGE
+    within = min(max(interval, low), high)
+    if within != interval:
+        _stderr(f"{ENV_REPORT_S}={raw} is outside {low:g} to {high:g} s; posting every {within:g} s")
+    return within
+
+
+def _intervals(environ: Mapping[str, str]) -> tuple[float, float]:
+    """A reporter's flush and heartbeat intervals, from RANKBOARD_REPORT_S."""
+    interval = report_interval(environ)
+    return interval, max(HEARTBEAT_S, interval)
+
+
 # The process-wide reporter behind the module functions: made on first use, so only a process that reports
 # (rank 0 in the bundled trainer) starts a thread.
 _default: Reporter | None = None
@@ -627,7 +660,9 @@ def _external_reporter(
         digest = hashlib.sha256(request.key.encode()).hexdigest()[:16]
         spool_dir = Path(tempfile.gettempdir()) / f"rankboard-{digest}"  # the same for a restarted process
         api_token = token if token is not None else environ.get(wire.ENV_TOKEN, "")
-        return Reporter(url, None, api_token, spool_dir, rank=request.rank, join=request)
+        flush, beat = _intervals(environ)
+        return Reporter(url, None, api_token, spool_dir, rank=request.rank, flush_interval=flush,
+                        heartbeat_interval=beat, join=request)  # fmt: skip
     except Exception as error:  # a bad URL or environment must not stop the training
         _stderr(f"cannot report metrics: {error}")
         return None

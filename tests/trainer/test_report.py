@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.live import LiveServer, free_port, open_run, set_run, wait_for
-from trainer import wire
+from trainer import report, wire
 from trainer.report import Reporter
 
 TOKEN = "client-token"
@@ -87,14 +87,54 @@ def test_a_loop_that_logs_every_step_gets_one_post_a_flush_interval(server: Live
     run_id = open_run(server, TOKEN)
     before = batches_taken(server)
     reporter = Reporter(server.url, str(run_id), TOKEN, tmp_path, flush_interval=0.25)
-    deadline, step = time.monotonic() + 1.5, 0
-    while time.monotonic() < deadline:  # a loop at ~500 steps/s, logging 4 metrics a step
+    steps = train_for(reporter, 1.5)
+    assert stored(server, run_id) == losses(range(1, steps + 1))  # every point, once
+    assert batches_taken(server) - before <= 1.5 / 0.25 + 3  # a tick's, a wake's and close()'s, not one a few steps
+
+
+def train_for(reporter: Reporter, seconds: float) -> int:
+    """A loop at ~500 steps/s, logging 4 metrics a step, for `seconds`; closes the reporter, returns the steps."""
+    deadline, step = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline:
         step += 1
         reporter.log({"loss": step / 7, "lr": 1e-3, "grad_norm": 1.0, "samples_per_s": 1.0}, step=step)
         time.sleep(0.002)
     reporter.close()
-    assert stored(server, run_id) == losses(range(1, step + 1))  # every point, once
-    assert batches_taken(server) - before <= 1.5 / 0.25 + 3  # a tick's, a wake's and close()'s, not one a few steps
+    return step
+
+
+@pytest.mark.parametrize(("every", "seconds", "fewest", "most"), [("0.25", 1.5, 4, 9), ("5", 2.2, 1, 2)])
+def test_the_launchers_environment_sets_how_often_a_rank_posts(
+    server: LiveServer, tmp_path: Path, every: str, seconds: float, fewest: int, most: int
+) -> None:
+    """RANKBOARD_REPORT_S, which a server's launchers pass on to every rank: where training shares a node with the
+    server, posting less often leaves training more of the CPU. Once a second (the default) would post 3 times in
+    2.2 s, and 2 or 3 times in 1.5 s."""
+    run_id = open_run(server, TOKEN)
+    before = batches_taken(server)
+    environ = {wire.ENV_RUN_ID: str(run_id), wire.ENV_SERVER_URL: server.url, wire.ENV_TOKEN: TOKEN,
+               wire.ENV_RUN_DIR: str(tmp_path), report.ENV_REPORT_S: every}  # fmt: skip
+    reporter = Reporter.from_env(environ)
+    assert reporter is not None
+    steps = train_for(reporter, seconds)
+    assert stored(server, run_id) == losses(range(1, steps + 1))
+    assert fewest <= batches_taken(server) - before <= most  # the ticks' posts and close()'s
+
+
+def test_a_report_interval_outside_its_range_or_not_a_number_is_brought_back_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert report.report_interval({}) == report.DEFAULT_REPORT_S == 1.0
+    assert report.report_interval({report.ENV_REPORT_S: "5"}) == 5.0
+    assert capsys.readouterr().err == ""
+    cases = {"0.01": 0.25, "60": 10.0, "often": 1.0, "nan": 1.0}
+    assert {raw: report.report_interval({report.ENV_REPORT_S: raw}) for raw in cases} == cases
+    assert capsys.readouterr().err.splitlines() == [
+        "rankboard: RANKBOARD_REPORT_S=0.01 is outside 0.25 to 10 s; posting every 0.25 s",
+        "rankboard: RANKBOARD_REPORT_S=60 is outside 0.25 to 10 s; posting every 10 s",
+        "rankboard: RANKBOARD_REPORT_S='often' is not a number; posting every 1 s",
+        "rankboard: RANKBOARD_REPORT_S='nan' is not a number; posting every 1 s",
+    ]
 
 
 def test_a_heartbeat_comes_when_there_are_no_points(server: LiveServer, tmp_path: Path) -> None:
