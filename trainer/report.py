@@ -46,8 +46,8 @@ from . import external, forensics, wire
 _REQUEST_TIMEOUT_S = 5.0
 _RETRY_FIRST_S = 1.0
 _RETRY_MAX_S = 5.0
-# How often each rank posts, from the environment a launcher passes on (the server's own: set it where the server
-# runs). Pages read once a second. Longer costs the server less CPU (on a node that trains too, CPU that training
+# How often each rank posts, from its environment: Rankboard's launchers pass on the server's, a job launched elsewhere
+# has its own. Pages read once a second. Longer costs the server less CPU (on a node that trains too, CPU that training
 # then keeps; bench/post_cost.py), and puts the charts that much behind. At most 10 s: a rank's heartbeat rides on its
 # posts, and the server's stall check (RANKBOARD_STALL_AFTER_S, 60 s by default) must see several.
 ENV_REPORT_S = "RANKBOARD_REPORT_S"
