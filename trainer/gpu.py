@@ -378,14 +378,10 @@ class GpuSampler:
 
 def sample_interval(environ: Mapping[str, str] = os.environ) -> float:
     """RANKBOARD_GPU_SAMPLE_S, or the default when unset or not a number; at least MIN_SAMPLE_S."""
-    raw = environ.get(ENV_SAMPLE_S)
-    try:
-        interval = float(raw) if raw else DEFAULT_SAMPLE_S
-    except ValueError:
-        print(f"rankboard: [gpu] {ENV_SAMPLE_S}={raw!r} is not a number; sampling every {DEFAULT_SAMPLE_S} s",
-              file=sys.stderr, flush=True)  # fmt: skip
-        return DEFAULT_SAMPLE_S
-    return max(interval, MIN_SAMPLE_S) if interval == interval else DEFAULT_SAMPLE_S
+    interval, problem = wire.seconds_from_env(environ, ENV_SAMPLE_S, DEFAULT_SAMPLE_S, MIN_SAMPLE_S)
+    if problem:
+        print(f"rankboard: [gpu] {problem}; sampling every {interval:g} s", file=sys.stderr, flush=True)
+    return interval
 
 
 def start_sampling(

@@ -556,19 +556,10 @@ def _stderr(message: str) -> None:
 
 def report_interval(environ: Mapping[str, str] = os.environ) -> float:
     """RANKBOARD_REPORT_S, brought within REPORT_S_RANGE; the default when unset or not a number."""
-    raw = environ.get(ENV_REPORT_S)
-    try:
-        interval = float(raw) if raw else DEFAULT_REPORT_S
-    except ValueError:
-        interval = math.nan
-    if interval != interval:
-        _stderr(f"{ENV_REPORT_S}={raw!r} is not a number; posting every {DEFAULT_REPORT_S:g} s")
-        return DEFAULT_REPORT_S
-    low, high = REPORT_S_RANGE
-    within = min(max(interval, low), high)
-    if within != interval:
-        _stderr(f"{ENV_REPORT_S}={raw} is outside {low:g} to {high:g} s; posting every {within:g} s")
-    return within
+    interval, problem = wire.seconds_from_env(environ, ENV_REPORT_S, DEFAULT_REPORT_S, *REPORT_S_RANGE)
+    if problem:
+        _stderr(f"{problem}; posting every {interval:g} s")
+    return interval
 
 
 def _intervals(environ: Mapping[str, str]) -> tuple[float, float]:

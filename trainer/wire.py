@@ -123,6 +123,25 @@ def node_name(environ: Mapping[str, str], host: str) -> str:
     return host[:MAX_HOST_LENGTH]
 
 
+def seconds_from_env(
+    environ: Mapping[str, str], name: str, default: float, least: float, most: float = math.inf
+) -> tuple[float, str | None]:
+    """The seconds variable `name` sets, brought within least..most (the default when unset or not a number), and
+    what was wrong with it, for the caller to warn of: None when nothing was."""
+    raw = environ.get(name)
+    try:
+        seconds = float(raw) if raw else default
+    except ValueError:
+        seconds = math.nan
+    if seconds != seconds:
+        return default, f"{name}={raw!r} is not a number"
+    within = min(max(seconds, least), most)
+    if within == seconds:
+        return within, None
+    bounds = f"outside {least:g} to {most:g} s" if most < math.inf else f"under {least:g} s"
+    return within, f"{name}={raw} is {bounds}"
+
+
 def flag_value(value: object) -> str:
     """An option's value as `python -m trainer` takes it on its command line: booleans as true/false."""
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
