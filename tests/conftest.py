@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,9 @@ os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")
 # NCCL refuses ("Duplicate GPU detected"). Hidden from the session, no server hands out a GPU nor trainer sees one.
 if visible_gpus(os.environ):
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# SIGTERM ends a session as Ctrl-C does, its fixtures torn down (servers stopped, trainers killed): scripts/test stops
+# its background pytest so, which Ctrl-C does not reach.
+signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
