@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return runs_cli.main(argv[1:])
     args = parser().parse_args(argv)
+    from pydantic import ValidationError
+
     from app.settings import Settings
 
     overrides = {
@@ -38,7 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in {"host": getattr(args, "host", None), "port": getattr(args, "port", None)}.items()
         if v is not None
     }
-    settings = Settings(**overrides)
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = "RANKBOARD_" + "_".join(map(str, error["loc"])).upper()
+            print(f"rankboard: {name}: {error['msg'].removeprefix('Value error, ')}", file=sys.stderr)
+        return 2
     if args.command == "db":
         from app.db import upgrade
 
@@ -158,12 +166,12 @@ def table(rows: list[tuple[Any, ...]]) -> None:
 def serve_app(settings: Settings) -> int:
     import uvicorn
 
-    from app import access_log
+    from app import access_log, cpus
     from app.auth.guard import refuse_bind
     from app.main import create_app
 
     try:
-        app = create_app(settings)
+        app = create_app(settings)  # its launcher notes every CPU for the runs, before keep_to below
     except SchemaMismatch as exc:
         print(f"rankboard: {exc.message}", file=sys.stderr)
         return 1
@@ -176,6 +184,10 @@ def serve_app(settings: Settings) -> int:
         f"shared: {settings.shared}{' [fallback]' if settings.shared_dir_is_fallback else ''})",
         flush=True,
     )
+    if settings.server_cpus:  # before uvicorn starts its threads, which then keep to them too
+        print(f"its threads on CPUs {cpus.describe(settings.server_cpus)}; the runs it starts on "
+              f"{cpus.describe(cpus.available())}", flush=True)  # fmt: skip
+        cpus.keep_to(settings.server_cpus)
     # One worker: uvicorn with several leaves Nagle on and stalls kept-alive requests ~44 ms (Kludex/uvicorn#3149).
     # No proxy headers: uvicorn would take the client's address from X-Forwarded-For of anyone on 127.0.0.1, and
     # the guard believes X-Forwarded-User only from the proxy's own address (RANKBOARD_TRUSTED_PROXY).

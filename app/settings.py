@@ -10,6 +10,8 @@ from typing import Annotated, Literal
 from pydantic import AnyHttpUrl, BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app import cpus
+
 DEFAULT_SHARED_DIR = Path("/mnt/shared")
 # A list setting: from the environment, comma-separated (RANKBOARD_ALLOWED_HOSTS=a.example,b.example).
 Names = Annotated[list[str], NoDecode]
@@ -63,6 +65,11 @@ class Settings(BaseSettings):
     )
     external_lost_after_s: float = Field(
         default=120.0, gt=0, description="A run launched elsewhere that has not posted for this long is lost."
+    )
+    server_cpus: Annotated[frozenset[int] | None, NoDecode] = Field(
+        default=None,
+        description="CPUs the server's own threads keep to, as taskset lists them (0-1,6; Linux): on a node that "
+        "trains too, cores training does not use. The runs it starts still get every CPU it was started with.",
     )
     ingest_nice: int = Field(
         default=0, ge=0, le=19,
@@ -130,6 +137,25 @@ class Settings(BaseSettings):
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+    @field_validator("server_cpus", mode="before")
+    @classmethod
+    def _cpu_list(cls, value: object) -> object:
+        if value == "":
+            return None
+        return cpus.parse(value) if isinstance(value, str) else value
+
+    @field_validator("server_cpus")
+    @classmethod
+    def _cpus_available(cls, value: frozenset[int] | None) -> frozenset[int] | None:
+        if value is not None:
+            own = cpus.available()
+            if not value:
+                raise ValueError("names no CPU")
+            if not value <= own:
+                missing, have = cpus.describe(value - own), cpus.describe(own)
+                raise ValueError(f"CPUs {missing} are not among this server's ({have})")
+        return value
 
     @field_validator("admin_password", mode="before")
     @classmethod

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from app import cpus
 from app.folders import RunFolders
 from app.launcher import processes, program
 from app.launcher.interface import JobView, Launch, Requeue
@@ -57,6 +58,8 @@ class LocalLauncher:
         # process each; on a host without GPUs, process slots numbered from 0.
         self.slots = self.gpus[:wanted] if self.gpus else list(range(wanted))
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        # Where the server keeps to some CPUs (app.cpus), the runs get back every one it was started with.
+        self.run_cpus = cpus.available() if settings.server_cpus else None
 
     @property
     def gpu_count(self) -> int:
@@ -89,10 +92,11 @@ class LocalLauncher:
         with open(run_dir / LAUNCHER_LOG, "ab") as log:
             log.write(f"{LAUNCH_MARKER}{launch_id} ---\n".encode())  # a resumed run appends: where this one begins
             log.flush()
-            child = subprocess.Popen(
-                waiter, cwd=run_dir, env=self._environment(run, token, launch_id, devices),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+            with cpus.everywhere(self.run_cpus):
+                child = subprocess.Popen(
+                    waiter, cwd=run_dir, env=self._environment(run, token, launch_id, devices),
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                )  # fmt: skip
         self._children[child.pid] = child
         where = f"GPUs {devices}" if self.gpu_count else f"{len(devices)} CPU process slots"
         description = f"torchrun started (pid {child.pid}) on {where}"
