@@ -2,6 +2,7 @@
 
 .venv/bin/python -m bench.trainer_speed [--repeats 3] [--epochs 1]
 .venv/bin/python -m bench.trainer_speed --part reporting --ranks 1 --repeats 20 [--client-from OLD_CHECKOUT]
+    [--server-cpus 12-13] [--report-s 5] [--ingest-nice 19]
 
 Every figure is the trainer's own "N steps/s" line (the training loop alone, from its first step to its last; not
 torchrun's start-up). Reporting: the same 2-rank mlp run with the client posting to a live server (loss, lr, grad
@@ -122,6 +123,31 @@ With the ranks posting every 5 s as a third arm (--report-s 5, RANKBOARD_REPORT_
 ranks, 1 epoch, 20 rounds): on 94.8, posting every 5 s 96.4, off 97.4 steps/s; median paired slowdowns +0.4% (10
 of 20 slower; quartiles -6.7%, +7.8%) and +2.9% (13 of 20; -2.7%, +12.9%): neither resolved. The server's CPU over a
 run: 0.31 s, 0.21 s, and 0.08 s idle (off), so the run's own cost to it fell from 0.23 to 0.13 s (7 posts to 3).
+
+On one H100 node (2026-11-26; torch 2.11 + CUDA 13, 16 cores, no SMT; the client posting once a second), benches at
+once, each with its own servers on 4 cores of its own (taskset; OMP_NUM_THREADS=1 on the CPU, 2 for the GPU's):
+    first call (400 s), on and off:
+    mlp, 1 rank, CPU, 11 rounds: on 352.8, off 366.3 steps/s, +5.4% (9 of 11 slower; quartiles +0.5%, +8.4%); 4
+        posts a run; the reporter's thread 0.015 s of CPU, the sampler's 0.010 s, the server's 0.170 s (0.050 s idle);
+        a step 2.462 ms, during a post 3.058 ms, otherwise 2.459 against 2.389 ms off; of the main thread's CPU
+        2.373, 2.751, 2.366 against 2.265 ms.
+    mlp, 2 ranks, CPU, 11 rounds: on 227.6, off 240.8, +4.0% (8 of 11; -0.1%, +10.2%); a step during a post 6.295
+        ms, otherwise 3.924 against 3.828 off.
+    charlm bf16 on the GPU, 10 rounds: on 79.7, off 81.2, +5.6% (7 of 10; -4.1%, +10.1%); a step during a post
+        12.038 ms, otherwise 9.791 against 9.478 off.
+    mlp, 1 rank, 5 rounds of four arms: on +3.9%, ingest at nice 19 +9.5%, posting every 5 s -7.0% (none resolved);
+        at nice 19 a step during a post 3.226 ms against 2.644 otherwise: the cores were not full, so niceness had
+        nothing to give.
+    second call (315 s), each bench with a third arm whose server keeps to 2 cores apart (--server-cpus), 5 rounds:
+    mlp, 1 rank: a step during a post: on 3.142 ms against 2.529 otherwise; apart 2.515 against 2.503; off 2.470.
+        Paired: on -4.2%, apart +2.1% (4 of 5 slower; quartiles +0.6%, +3.8%): not resolved.
+    mlp, 2 ranks: during a post on 6.185 against 3.898 ms, apart 4.619 against 4.121; off 4.063 (paired +0.1%,
+        -0.9%).
+    charlm bf16: on -9.2%, apart -8.4% against off; steps during posts 10.563 and 12.013 ms: nothing resolved.
+  So on the node's CPU, a step that overlaps a post costs ~0.6 ms more (+24%) with the server on the run's cores, and
+  nothing with it on cores apart (RANKBOARD_SERVER_CPUS, which came of this). What remains with the server apart is
+  ~1% on every step (2.503 against 2.470 ms), in the run's own process, not resolved by 5 rounds. On the GPU,
+  charlm's steps vary too much between runs to resolve either.
 """
 
 from __future__ import annotations
@@ -145,6 +171,7 @@ from typing import Any
 import psutil
 import torch
 
+from app import cpus
 from app.models import RunStatus, utcnow
 from app.settings import Settings
 from tests.live import LiveServer, open_run, set_run
@@ -212,8 +239,10 @@ def reporting(tmp: Path, repeats: int, epochs: int, workload: str, options: argp
     Each run goes through bench/trainer_probe.py, which says where a difference lies: the server's CPU time over the
     run, the reporter's posts and its thread's CPU time, and the steps during which a post was under way against
     the others. With --ingest-nice N an arm reports to a second server whose ingest threads run at niceness N; with
-    --client-from DIR an arm runs the trainer package found in DIR (another version of the client, for an A/B).
-    Stopped (Ctrl-C, SIGTERM), it reports the rounds it completed."""
+    --client-from DIR an arm runs the trainer package found in DIR (another version of the client, for an A/B); with
+    --server-cpus an arm's server keeps to other CPUs than the bench's (RANKBOARD_SERVER_CPUS), which tells the
+    server's share of the difference (its CPU taken from training's cores) from the client's. Stopped (Ctrl-C,
+    SIGTERM), it reports the rounds it completed."""
     # The server as a user runs it: the tests' LiveServer supervises 2.5x as often as the default, which costs CPU.
     server = LiveServer(tmp / "server", RANKBOARD_SUPERVISE_INTERVAL_S=SUPERVISE_INTERVAL_S)
     arms: dict[str, tuple[LiveServer | None, dict[str, str]]] = {"on": (server, {})}
@@ -228,11 +257,18 @@ def reporting(tmp: Path, repeats: int, epochs: int, workload: str, options: argp
         arms[f"on, {options.client_from.name}"] = (server, {"PYTHONPATH": python_path(options.client_from.resolve())})
     if options.report_s:
         arms[f"on, posting every {options.report_s:g} s"] = (server, {report.ENV_REPORT_S: str(options.report_s)})
+    apart = None
+    if options.server_cpus:
+        apart = LiveServer(tmp / "apart", RANKBOARD_SUPERVISE_INTERVAL_S=SUPERVISE_INTERVAL_S,
+                           RANKBOARD_SERVER_CPUS=options.server_cpus)  # fmt: skip
+        arms[f"on, server on CPUs {options.server_cpus}"] = (apart, {})
     arms["off"] = (None, {})
     servers = {id(s): s for s, _env in arms.values() if s is not None}.values()
-    for each in servers:
-        each.start()
+    every_cpu = frozenset(range(os.cpu_count() or 1))
     try:
+        for each in servers:  # the apart one from every CPU: it refuses CPUs outside those it starts with (taskset's)
+            with cpus.everywhere(every_cpu if each is apart else None):
+                each.start()
         for nproc in options.ranks or rank_counts():
             runs: dict[str, list[Probed]] = {arm: [] for arm in arms}
             try:
@@ -347,6 +383,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="*", help="the rank counts to run (default: 1 and 2, as GPUs allow)")
     parser.add_argument("--client-from", type=Path, help="add an arm whose trainer package is the one in this folder")
     parser.add_argument("--report-s", type=float, default=0.0, help="add an arm whose ranks post every this many s")
+    parser.add_argument("--server-cpus", help="add an arm whose server keeps to these CPUs (RANKBOARD_SERVER_CPUS)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` ends it as Ctrl-C would: with a summary
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:  # a server may still be writing
