@@ -138,14 +138,15 @@ once, each with its own servers on 4 cores of its own (taskset; OMP_NUM_THREADS=
     mlp, 1 rank, 5 rounds of four arms: on +3.9%, ingest at nice 19 +9.5%, posting every 5 s -7.0% (none resolved);
         at nice 19 a step during a post 3.226 ms against 2.644 otherwise: the cores were not full, so niceness had
         nothing to give.
-    second call (315 s), each bench with a third arm whose server keeps to 2 cores apart (--server-cpus), 5 rounds:
+    second call (315 s), each bench with a third arm whose server keeps to 2 cores apart (every thread of it pinned
+    from the bench, as RANKBOARD_SERVER_CPUS, which came of this, now does itself), 5 rounds:
     mlp, 1 rank: a step during a post: on 3.142 ms against 2.529 otherwise; apart 2.515 against 2.503; off 2.470.
         Paired: on -4.2%, apart +2.1% (4 of 5 slower; quartiles +0.6%, +3.8%): not resolved.
     mlp, 2 ranks: during a post on 6.185 against 3.898 ms, apart 4.619 against 4.121; off 4.063 (paired +0.1%,
         -0.9%).
     charlm bf16: on -9.2%, apart -8.4% against off; steps during posts 10.563 and 12.013 ms: nothing resolved.
   So on the node's CPU, a step that overlaps a post costs ~0.6 ms more (+24%) with the server on the run's cores, and
-  nothing with it on cores apart (RANKBOARD_SERVER_CPUS, which came of this). What remains with the server apart is
+  nothing with it on cores apart (RANKBOARD_SERVER_CPUS). What remains with the server apart is
   ~1% on every step (2.503 against 2.470 ms), in the run's own process, not resolved by 5 rounds. On the GPU,
   charlm's steps vary too much between runs to resolve either.
 """
