@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     ingest_nice: int = Field(
         default=0, ge=0, le=19,
         description="Niceness of the threads that take trainers' batches: on a node that trains too, 19 gives "
-        "training the CPU first (Linux).",
+        "training the CPU first where its cores are full (Linux; else see server_cpus).",
     )  # fmt: skip
     slots: int | None = Field(
         default=None, ge=1, description="Processes the local launcher may run at once; default: GPUs, else CPU cores."
