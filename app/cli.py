@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings(**overrides)
     except ValidationError as exc:
         for error in exc.errors():
-            name = "RANKBOARD_" + "_".join(map(str, error["loc"])).upper()
+            name = Settings.model_config["env_prefix"] + "_".join(map(str, error["loc"])).upper()
             print(f"rankboard: {name}: {error['msg'].removeprefix('Value error, ')}", file=sys.stderr)
         return 2
     if args.command == "db":

@@ -146,9 +146,9 @@ once, each with its own servers on 4 cores of its own (taskset; OMP_NUM_THREADS=
         -0.9%).
     charlm bf16: on -9.2%, apart -8.4% against off; steps during posts 10.563 and 12.013 ms: nothing resolved.
   So on the node's CPU, a step that overlaps a post costs ~0.6 ms more (+24%) with the server on the run's cores, and
-  nothing with it on cores apart (RANKBOARD_SERVER_CPUS). What remains with the server apart is
-  ~1% on every step (2.503 against 2.470 ms), in the run's own process, not resolved by 5 rounds. On the GPU,
-  charlm's steps vary too much between runs to resolve either.
+  nothing with it on cores apart (RANKBOARD_SERVER_CPUS). What remains with the server apart is ~1% on every step
+  (2.503 against 2.470 ms), in the run's own process, not resolved by 5 rounds. On the GPU, charlm's steps vary too
+  much between runs to resolve either.
 """
 
 from __future__ import annotations
