@@ -96,6 +96,7 @@ class Throughput:
     def __init__(self, window_s: float = 5.0) -> None:
         self.window_s = window_s
         self._marks: deque[tuple[float, int]] = deque()
+        self.rate = 0.0  # the last one returned: a run's final report carries it
 
     def update(self, samples_so_far: int) -> float:
         """Record the running total of samples and return the recent rate."""
@@ -104,7 +105,8 @@ class Throughput:
         while len(self._marks) > 2 and now - self._marks[0][0] > self.window_s:
             self._marks.popleft()
         start, samples_then = self._marks[0]
-        return (samples_so_far - samples_then) / (now - start) if now > start else 0.0
+        self.rate = (samples_so_far - samples_then) / (now - start) if now > start else 0.0
+        return self.rate
 
 
 class ResumableSampler(DistributedSampler[int]):
@@ -554,7 +556,7 @@ class Trainer:
         self.cluster.say(f"finished after {self.step} steps, final loss {self.loss:.4f}, {rate:.1f} steps/s")
         if not self.cluster.is_main:
             return
-        report.progress(self._progress(finished=True))
+        report.progress(self._progress(self.throughput.rate, finished=True))
         report.close()
         if self.run_dir is not None:
             marker = {"steps": self.step, "final_loss": wire.encode_value(self.loss), "finished_at": time.time()}

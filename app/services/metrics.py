@@ -89,7 +89,7 @@ def advance_progress(run: Run, batch: BatchIn) -> bool:
     progress = batch.progress
     if progress is not None and progress.step >= run.step:  # an older batch resent, or redone steps after a restart
         run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
-        if progress.samples_per_s:  # the final report has no rate to give: keep the last measured one
+        if progress.samples_per_s:  # a report without a rate (an older trainer's final one) keeps the last measured
             run.samples_per_s = progress.samples_per_s
     tops = [point.step for point in batch.points if not point.key.startswith(CLOCK_STEPPED)]
     tops += [max(c.steps) for c in batch.columns if c.steps and not c.key.startswith(CLOCK_STEPPED)]

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from app.launcher import slurm
+from app.launcher import processes, slurm
+from tests.e2e.runs import FINAL, create, output, wait_status
+from tests.live import LiveServer, run_processes
 from trainer import wire
 from trainer.config import TrainConfig
 from trainer.workloads import WORKLOADS
@@ -162,6 +164,23 @@ def test_the_same_seed_gives_bitwise_identical_weights(finished_run: ShortRun, t
         assert torch.equal(tensor, second["model"][name]), name
     for index, state in first["optimizer"]["state"].items():
         assert all(torch.equal(state[k], second["optimizer"]["state"][index][k]) for k in state)
+
+
+def test_a_run_over_before_its_second_post_still_shows_its_throughput(tmp_path: Path) -> None:
+    """Posting every 10 s, a 1-process run of one epoch (about a second here) sends its progress only at the end. That
+    final report carries the rate last measured: a run's throughput, and a scaling sweep's speedup, come from it."""
+    server = LiveServer(tmp_path, RANKBOARD_REPORT_S="10", RANKBOARD_SLOTS="1")
+    server.start()
+    try:
+        with server.api() as api:
+            run = create(api, nproc_per_node=1, epochs=1, batch_size=512)
+            done = wait_status(api, run["id"], FINAL, timeout=120)
+            assert done["status"] == "succeeded", (done["status_reason"], output(server, run["id"]))
+            logged = api.get(f"/api/runs/{run['id']}/metrics/samples_per_s").json()["points"]
+    finally:
+        server.stop()
+        processes.kill_all(run_processes(tmp_path))
+    assert len(logged) == done["total_steps"] and done["samples_per_s"] == logged[-1]["value"] > 0
 
 
 def test_without_torchrun_it_says_to_use_torchrun() -> None:
