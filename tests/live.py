@@ -27,6 +27,9 @@ from trainer import wire
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
+# What a rank prints when it aborts in torch's gloo teardown after its work is done, rarely (the DDP checklist); gdb
+# on a core: a gloo worker thread frees a collective's tensor during interpreter shutdown and dies taking the GIL.
+KNOWN_EXIT_ABORT = "terminate called without an active exception"
 
 
 def free_port() -> int:

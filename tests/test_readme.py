@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from app.launcher import processes
-from tests.live import run_processes, wait_for
+from tests.live import KNOWN_EXIT_ABORT, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parent.parent
@@ -145,14 +145,24 @@ def check_created(api: httpx.Client, created: set[int], stopped: set[int], share
             assert api.get(f"/api/runs/{run_id}/metrics/loss").json()["points"], f"run {run_id} stored no loss"
 
 
+def run_block(block: Block, root: Path) -> subprocess.CompletedProcess[str]:
+    """Runs the block with bash; once more if a torchrun in it failed by torch's known abort at exit (the README
+    says so beside the block that runs one by hand: 3 of 60 runs of that script here)."""
+    for _ in range(2):
+        result = subprocess.run(["bash", "-e", "-c", block.code], cwd=REPO, env=_environment(root),
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        if result.returncode == 0 or KNOWN_EXIT_ABORT not in result.stderr:
+            break
+    return result
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"README.md:{block.line}" for block in BLOCKS])
 def test_the_readme_block_runs_as_written_and_does_what_it_says(block: Block, server: Path) -> None:
     if block.not_run is not None:
         pytest.skip(f"marked in README.md: {block.not_run}")
     with httpx.Client(base_url=URL, timeout=10) as api:
         before = run_ids(api)
-        result = subprocess.run(["bash", "-e", "-c", block.code], cwd=REPO, env=_environment(server.parent),
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        result = run_block(block, server.parent)
         assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         check_printed(json_documents(result.stdout))
         stopped = {int(run_id) for run_id in re.findall(r"/api/runs/(\d+)/stop", block.code)}

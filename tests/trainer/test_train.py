@@ -19,7 +19,7 @@ import torch
 
 from app.launcher import processes, slurm
 from tests.e2e.runs import FINAL, create, output, wait_status
-from tests.live import LiveServer, run_processes
+from tests.live import KNOWN_EXIT_ABORT, LiveServer, run_processes
 from trainer import wire
 from trainer.config import TrainConfig
 from trainer.workloads import WORKLOADS
@@ -90,9 +90,6 @@ def short_run(tmp: Path) -> ShortRun:
     env = {**outside_dashboard_env(), wire.ENV_RUN_DIR: str(tmp / "run")}  # where the finished marker goes
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     return ShortRun(tmp, done.returncode, done.stdout + done.stderr)
-
-
-KNOWN_EXIT_ABORT = "terminate called without an active exception"
 
 
 def assert_finished(tmp: Path, returncode: int, output: str) -> None:
