@@ -240,7 +240,7 @@ def test_a_batch_of_more_points_than_a_batch_holds_is_refused(client: TestClient
 def test_ingest_threads_take_the_nice_they_are_given_and_nothing_else_does(tmp_path: Path) -> None:
     """RANKBOARD_INGEST_NICE=5 more than the server's: the batches are taken on threads at that niceness (they yield a
     shared node's CPU to training); the server's other threads, among them the supervisor's that starts runs, keep the
-    niceness the server started with (this process's: scripts/test runs tests/app at 10)."""
+    niceness the server started with (this process's, 0 unless the tests were started niced)."""
     started = os.getpriority(os.PRIO_PROCESS, 0)
     if started > 14:
         pytest.skip(f"at niceness {started} there is no room for a niceness 5 higher")
