@@ -12,11 +12,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.db import upgrade
-from app.launcher import processes
 from app.launcher.local import visible_gpus
 from app.main import create_app
 from app.settings import Settings
-from tests.live import LiveServer, run_processes
+from tests.live import LiveServer, serving
 
 # FastAPI's TestClient sends `Host: testserver`; the server answers only to the names it is told (app.auth.guard).
 os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")
@@ -57,8 +56,5 @@ def client(settings: Settings) -> Iterator[TestClient]:
 
 @pytest.fixture
 def live_server(tmp_path: Path) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path, RANKBOARD_STOP_GRACE_S="30", RANKBOARD_SLOTS="2")  # the same on any host
-    server.start()
-    yield server
-    server.stop()
-    processes.kill_all(run_processes(tmp_path))  # a failed test must not leave trainers behind
+    with serving(tmp_path, RANKBOARD_STOP_GRACE_S="30", RANKBOARD_SLOTS="2") as server:  # the same on any host
+        yield server

@@ -82,6 +82,19 @@ class LiveServer:
         return httpx.Client(base_url=self.url, timeout=10)
 
 
+@contextlib.contextmanager
+def serving(root: Path, **env: str) -> Iterator[LiveServer]:
+    """A started LiveServer on `root`; afterwards stopped, and every process of its runs killed, so that a failed
+    test leaves no trainer behind."""
+    server = LiveServer(root, **env)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        processes.kill_all(run_processes(root))
+
+
 def open_run(server: LiveServer, token: str, status: str = "running") -> int:
     """A run that takes metrics with `token`, as the launcher leaves one once torchrun is up, without torchrun:
     the process reporting to it is this one, so its pid is the run's (a restarted server then finds it alive).

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.launcher import processes
 from tests.e2e.runs import FINAL, create, loss_steps, output, wait_status, worker_pid
-from tests.live import LiveServer, run_processes, wait_for
+from tests.live import LiveServer, run_processes, serving, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -95,20 +94,15 @@ def test_a_server_kept_to_one_cpu_starts_its_runs_on_every_cpu(tmp_path: Path) -
     (the ingest threads take the run's first posts), keep to its CPU; the run's processes get every CPU."""
     every_cpu = os.sched_getaffinity(0)
     server_cpu = max(every_cpu)
-    live = LiveServer(tmp_path, RANKBOARD_SERVER_CPUS=str(server_cpu), RANKBOARD_STOP_GRACE_S="30", RANKBOARD_SLOTS="2")
-    live.start()
-    try:
-        with live.api() as api:
-            run = create(api, epochs=1000)
-            wait_for(lambda: api.get(f"/api/runs/{run['id']}").json()["step"] > 5, 120, what="training to start")
-            run_pids = run_processes(tmp_path)
-            assert len(run_pids) >= 3  # the waiter, torchrun, its two ranks
-            assert {frozenset(os.sched_getaffinity(pid)) for pid in run_pids} == {frozenset(every_cpu)}
-            assert live.process is not None
-            threads = [int(task) for task in os.listdir(f"/proc/{live.process.pid}/task")]
-            assert {frozenset(os.sched_getaffinity(tid)) for tid in threads} == {frozenset({server_cpu})}
-            assert api.post(f"/api/runs/{run['id']}/stop").json()["status"] == "stopping"
-            assert wait_status(api, run["id"], FINAL, timeout=60)["status"] == "stopped"
-    finally:
-        live.stop()
-        processes.kill_all(run_processes(tmp_path))
+    settings = {"RANKBOARD_SERVER_CPUS": str(server_cpu), "RANKBOARD_STOP_GRACE_S": "30", "RANKBOARD_SLOTS": "2"}
+    with serving(tmp_path, **settings) as live, live.api() as api:
+        run = create(api, epochs=1000)
+        wait_for(lambda: api.get(f"/api/runs/{run['id']}").json()["step"] > 5, 120, what="training to start")
+        run_pids = run_processes(tmp_path)
+        assert len(run_pids) >= 3  # the waiter, torchrun, its two ranks
+        assert {frozenset(os.sched_getaffinity(pid)) for pid in run_pids} == {frozenset(every_cpu)}
+        assert live.process is not None
+        threads = [int(task) for task in os.listdir(f"/proc/{live.process.pid}/task")]
+        assert {frozenset(os.sched_getaffinity(tid)) for tid in threads} == {frozenset({server_cpu})}
+        assert api.post(f"/api/runs/{run['id']}/stop").json()["status"] == "stopping"
+        assert wait_status(api, run["id"], FINAL, timeout=60)["status"] == "stopped"

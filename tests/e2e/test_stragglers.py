@@ -9,9 +9,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.launcher import processes
 from tests.e2e.runs import FINAL, create, wait_status
-from tests.live import LiveServer, run_processes, wait_for
+from tests.live import LiveServer, serving, wait_for
 from trainer import wire
 
 pytestmark = pytest.mark.e2e
@@ -19,12 +18,8 @@ RUN = {"workload": "mlp", "epochs": 2, "batch_size": 256}  # 128 steps an epoch:
 
 
 def serve(root_factory: pytest.TempPathFactory, name: str, **env: str) -> Iterator[LiveServer]:
-    root = root_factory.mktemp(name)
-    server = LiveServer(root, RANKBOARD_SLOTS="2", RANKBOARD_STOP_GRACE_S="5", **env)
-    server.start()
-    yield server
-    server.stop()
-    processes.kill_all(run_processes(root))
+    with serving(root_factory.mktemp(name), RANKBOARD_SLOTS="2", RANKBOARD_STOP_GRACE_S="5", **env) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
