@@ -2,7 +2,7 @@
 
 .venv/bin/python -m bench.trainer_speed [--repeats 3] [--epochs 1]
 .venv/bin/python -m bench.trainer_speed --part reporting --ranks 1 --repeats 20 [--client-from OLD_CHECKOUT]
-    [--server-cpus 12-13] [--report-s 5] [--ingest-nice 19]
+    [--server-cpus 12-13 [--apart-only]] [--report-s 5] [--ingest-nice 19]
 
 Every figure is the trainer's own "N steps/s" line (the training loop alone, from its first step to its last; not
 torchrun's start-up). Reporting: the same 2-rank mlp run with the client posting to a live server (loss, lr, grad
@@ -149,6 +149,23 @@ once, each with its own servers on 4 cores of its own (taskset; OMP_NUM_THREADS=
   nothing with it on cores apart (RANKBOARD_SERVER_CPUS). What remains with the server apart is ~1% on every step
   (2.503 against 2.470 ms), in the run's own process, not resolved by 5 rounds. On the GPU, charlm's steps vary too
   much between runs to resolve either.
+
+On one H200 node (2026-11-26; torch 2.11 + CUDA 13, 16 cores; the client posting once a second), the server on cores
+apart as a node should run it (--server-cpus, --apart-only: on against off alone), two benches at once, one device
+call of 500 s: mlp with 1 rank on the CPU (CUDA hidden, gloo, OMP_NUM_THREADS=1, the bench on cores 0-5, its server
+on 6-7) and charlm in bf16 on the GPU (1 rank, nccl, OMP_NUM_THREADS=2, cores 8-13, its server on 14-15):
+    mlp, 1 rank, 15 rounds: on 356.7, off 346.8 steps/s, median paired slowdown +0.3% (8 of 15 slower; quartiles
+        -11.5%, +13.3%; runs drifted from ~400 to ~270 steps/s over the call); 4 posts a run; the reporter's thread
+        0.014 s of CPU, the sampler's 0.010 s, the server's 0.140 s (0.050 s idle); a step 2.836 ms, during a post
+        3.448 ms, otherwise 2.832 ms; of the main thread's CPU 2.602, 3.155, 2.577 ms.
+    charlm bf16 on the GPU, 14 rounds: on 87.2, off 81.7 steps/s, -2.8% (4 of 14 slower; quartiles -7.9%, +1.5%);
+        4 posts; the reporter's thread 0.008 s, the sampler's 0.007 s, the server's 0.120 s; a step 9.394 ms,
+        during a post 10.324 ms, otherwise 9.384 ms; of the main thread's CPU 5.008, 5.172, 5.005 ms.
+  So with the server on cores of its own the median paired difference is within 1% on both. What the probe still
+  sees is in the run's own process: a step during a post costs +0.6 ms (mlp) and +0.9 ms (charlm), with as much more
+  of the main thread's CPU on the CPU run (the reporter's thread encoding and sending while the loop runs), and the
+  mean step stands 0.14% (mlp) and 0.11% (charlm) above the steps away from posts. The rest of a pair's difference
+  is the runs' spread, which 15 rounds do not resolve to 1%.
 """
 
 from __future__ import annotations
@@ -263,6 +280,9 @@ def reporting(tmp: Path, repeats: int, epochs: int, workload: str, options: argp
         apart = LiveServer(tmp / "apart", RANKBOARD_SUPERVISE_INTERVAL_S=SUPERVISE_INTERVAL_S,
                            RANKBOARD_SERVER_CPUS=options.server_cpus)  # fmt: skip
         arms[f"on, server on CPUs {options.server_cpus}"] = (apart, {})
+        if options.apart_only:  # the shared arm measured enough: every round to the arm a node should run
+            del arms["on"]
+            server = apart
     arms["off"] = (None, {})
     servers = {id(s): s for s, _env in arms.values() if s is not None}.values()
     every_cpu = frozenset(range(os.cpu_count() or 1))
@@ -385,6 +405,7 @@ def main() -> None:
     parser.add_argument("--client-from", type=Path, help="add an arm whose trainer package is the one in this folder")
     parser.add_argument("--report-s", type=float, default=0.0, help="add an arm whose ranks post every this many s")
     parser.add_argument("--server-cpus", help="add an arm whose server keeps to these CPUs (RANKBOARD_SERVER_CPUS)")
+    parser.add_argument("--apart-only", action="store_true", help="with --server-cpus, leave out the shared arm")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` ends it as Ctrl-C would: with a summary
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:  # a server may still be writing
