@@ -407,6 +407,8 @@ def main() -> None:
     parser.add_argument("--server-cpus", help="add an arm whose server keeps to these CPUs (RANKBOARD_SERVER_CPUS)")
     parser.add_argument("--apart-only", action="store_true", help="with --server-cpus, leave out the shared arm")
     args = parser.parse_args()
+    if args.apart_only and not args.server_cpus:
+        parser.error("--apart-only needs --server-cpus: it keeps only the arm whose server is on those CPUs")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` ends it as Ctrl-C would: with a summary
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:  # a server may still be writing
         if args.part in ("all", "workloads"):

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import ConsoleMessage, Page, expect
 
-from app.launcher import processes
-from tests.live import LiveServer, run_processes
+from tests.live import LiveServer, run_processes, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 PASSWORD = "browser-admin-pw"
@@ -19,11 +18,9 @@ UNAUTHORIZED = "Failed to load resource: the server responded with a status of 4
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LiveServer]:
-    live = LiveServer(tmp_path, RANKBOARD_STOP_GRACE_S="30", RANKBOARD_SLOTS="2", RANKBOARD_ADMIN_PASSWORD=PASSWORD)
-    live.start()
-    yield live
-    live.stop()
-    processes.kill_all(run_processes(tmp_path))
+    settings = {"RANKBOARD_STOP_GRACE_S": "30", "RANKBOARD_SLOTS": "2", "RANKBOARD_ADMIN_PASSWORD": PASSWORD}
+    with serving(tmp_path, **settings) as live:
+        yield live
 
 
 def console_errors(page: Page) -> list[str]:

@@ -11,9 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.launcher import processes
 from tests.e2e.runs import FINAL, create, wait_status
-from tests.live import LiveServer, run_processes, wait_for
+from tests.live import LiveServer, serving, wait_for
 from trainer import wire
 
 pytestmark = pytest.mark.e2e
@@ -23,12 +22,9 @@ HANG_SCRIPT = Path(__file__).with_name("hang_script.py")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     root = tmp_path_factory.mktemp("forensics")
-    server = LiveServer(root, RANKBOARD_SLOTS="2", RANKBOARD_STOP_GRACE_S="3", RANKBOARD_STALL_AFTER_S="4",
-                        **{wire.ENV_TEST_FAULT: "hang:rank=1:step=30"})  # fmt: skip
-    server.start()
-    yield server
-    server.stop()
-    processes.kill_all(run_processes(root))
+    with serving(root, RANKBOARD_SLOTS="2", RANKBOARD_STOP_GRACE_S="3", RANKBOARD_STALL_AFTER_S="4",
+                 **{wire.ENV_TEST_FAULT: "hang:rank=1:step=30"}) as server:  # fmt: skip
+        yield server
 
 
 def complete_dump(api: httpx.Client, run_id: int) -> dict | None:

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from app.client import Client, ClientError, WaitTimedOut
-from app.launcher import processes
 from tests.e2e.runs import finished_runs_with_loss
-from tests.live import REPO, LiveServer, free_port, run_processes, wait_for
+from tests.live import REPO, LiveServer, free_port, serving, wait_for
 
 pytestmark = pytest.mark.e2e
 RANKBOARD = REPO / ".venv" / "bin" / "rankboard"
@@ -46,12 +45,8 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    root = tmp_path_factory.mktemp("cli")
-    live = LiveServer(root, RANKBOARD_SLOTS="2", RANKBOARD_STOP_GRACE_S="30")
-    live.start()
-    yield live
-    live.stop()
-    processes.kill_all(run_processes(root))
+    with serving(tmp_path_factory.mktemp("cli"), RANKBOARD_SLOTS="2", RANKBOARD_STOP_GRACE_S="30") as live:
+        yield live
 
 
 def test_start_wait_exits_0_on_success_while_logs_follow_to_the_end(server: LiveServer, tmp_path: Path) -> None:

@@ -13,8 +13,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, Response, expect
 
 from app.db import make_engine, make_sessionmaker
-from app.launcher import processes
-from tests.live import LiveServer, run_processes, wait_for
+from tests.live import LiveServer, serving, wait_for
 from tests.run_states import STATES, Seeded, seed_states, supervisor_has_seen
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -36,15 +35,13 @@ def walk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Walk]:
     root = tmp_path_factory.mktemp("walk")
     # 2 slots, both held by the live runs, so nothing queued is launched; no stop reaches its grace; the running
     # runs' fresh heartbeats stay fresh for the whole walk while the not-progressing run's are half an hour old.
-    server = LiveServer(root, RANKBOARD_SLOTS="2", RANKBOARD_STOP_GRACE_S="3600", RANKBOARD_STALL_AFTER_S="600")
-    server.start()
-    engine = make_engine(f"sqlite:///{root / 'data' / 'rankboard.db'}")
-    try:
-        yield Walk(server, make_sessionmaker(engine))
-    finally:
-        engine.dispose()
-        server.stop()
-        processes.kill_all(run_processes(root))  # none should have started: the walk's runs are this process
+    # serving kills any run's processes afterwards: none should have started, the walk's runs are this process.
+    with serving(root, RANKBOARD_SLOTS="2", RANKBOARD_STOP_GRACE_S="3600", RANKBOARD_STALL_AFTER_S="600") as server:
+        engine = make_engine(f"sqlite:///{root / 'data' / 'rankboard.db'}")
+        try:
+            yield Walk(server, make_sessionmaker(engine))
+        finally:
+            engine.dispose()
 
 
 def look(page: Page, url: str, shows: str, shot: str | None = None, stay: float = LIVE_S) -> None:
