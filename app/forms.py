@@ -140,7 +140,7 @@ def parse_run_form(values: dict[str, str]) -> RunCreate:
         if any(not eq for _name, eq, _value in pairs):
             errors["nccl_env"] = "write one NAME=value per line, for example NCCL_DEBUG=INFO"
     try:
-        spec = RunCreate.model_validate(fields)
+        spec = RunCreate.model_validate(fields, strict=False)  # a form posts strings: "3" is 3, "true" is true
     except ValidationError as exc:
         errors = {str(e["loc"][0]): _message(e) for e in exc.errors()} | errors
         raise FormInvalid(errors, values) from None

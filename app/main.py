@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -43,6 +44,7 @@ from app.settings import Settings
 from app.stream import SharedFragments
 from app.supervisor import Supervisor
 from app.templating import make_templates
+from trainer import wire
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -154,7 +156,19 @@ def _location(request: Request, field: str) -> str:
 async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
     """FastAPI's 422 under /api; on a page, the error page naming the first wrong parameter."""
     if request.url.path.startswith("/api"):
-        return await request_validation_exception_handler(request, exc)
+        return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
     error = exc.errors()[0]
     field = next((str(part) for part in reversed(error["loc"]) if isinstance(part, str)), "request")
     return pages.error_page(request, FieldInvalid(field, f"{field}: {error['msg']}"))
+
+
+def _json_safe(value: Any) -> Any:
+    """An error quotes the input it refused, which may be NaN or 1e400: JSON has no such numbers, so they are quoted
+    as the strings the ingest format uses ("NaN", "Infinity"), instead of failing the reply with a 500."""
+    if isinstance(value, float):
+        return wire.encode_value(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(item) for item in value]
+    return value

@@ -21,6 +21,15 @@ from app.models import RunStatus
 from trainer import wire
 
 
+class Body(BaseModel):
+    """What every request body shares: an unknown field, a non-finite number where it is not data (NaN or 1e400 as a
+    learning rate, a time, a rate) and a value of the wrong JSON type (`true` for an integer, `0` for a boolean, `1.0`
+    for a count) are refused with a 422 naming the field, never coerced. A field that takes strings meaning numbers
+    (the form's) is parsed with `strict=False`."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+
 def _known_workload(name: str) -> str:
     if name not in wire.WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose one of: {', '.join(wire.WORKLOADS)}")
@@ -39,6 +48,7 @@ def _metric_value(value: Any) -> Any:
 # A metric value: a JSON number, or "NaN" / "Infinity" / "-Infinity", which JSON cannot write as numbers.
 MetricValue = Annotated[
     float,
+    Field(allow_inf_nan=True),
     BeforeValidator(_metric_value),
     PlainSerializer(wire.encode_value, return_type=Any),
 ]
@@ -101,10 +111,8 @@ SlurmConstraint = Annotated[
 ]
 
 
-class RunCreate(BaseModel):
+class RunCreate(Body):
     """A new run of a built-in workload, or of your own script; the form shows these limits next to each field."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)] = Field(
         default="demo", description="What you will recognise the run by."
@@ -124,18 +132,14 @@ class RunCreate(BaseModel):
     grad_accum: int = Field(
         default=1, ge=1, le=1024, description="Micro-batches per optimizer step; only the last one all-reduces."
     )
-    lr: float = Field(
-        default=0.001, gt=0, le=10, allow_inf_nan=False, description="The peak learning rate, after warm-up."
-    )
+    lr: float = Field(default=0.001, gt=0, le=10, description="The peak learning rate, after warm-up.")
     optimizer: OptimizerName = Field(default="adamw", description="SGD uses momentum 0.9.")
     lr_schedule: ScheduleName = Field(
         default="constant", description="After the warm-up: constant, or a cosine decay to 0 at the last step."
     )
     warmup_steps: int = Field(default=0, ge=0, le=10_000_000, description="Steps of linear warm-up from 0 to lr.")
-    weight_decay: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False, description="The optimizer's decay.")
-    grad_clip: float = Field(
-        default=0.0, ge=0, le=1e6, allow_inf_nan=False, description="Clip the gradient norm to this; 0: no clipping."
-    )
+    weight_decay: float = Field(default=0.0, ge=0, le=1, description="The optimizer's decay.")
+    grad_clip: float = Field(default=0.0, ge=0, le=1e6, description="Clip the gradient norm to this; 0: no clipping.")
     precision: PrecisionName = Field(
         default="off", description="Mixed precision: bf16, or fp16 with a gradient scaler (CUDA only)."
     )
@@ -331,17 +335,15 @@ class RunPage(BaseModel):
     )
 
 
-class PointIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class PointIn(Body):
     key: Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_KEY_LENGTH)]
-    step: int = Field(ge=0, le=wire.MAX_STEP, strict=True)  # strict: a step is an integer, never "7", 7.0 or true
+    step: int = Field(ge=0, le=wire.MAX_STEP)
     value: MetricValue
-    rank: int = Field(default=0, ge=0, le=wire.MAX_RANK, strict=True)
-    time: float = Field(default=0.0, allow_inf_nan=False)
+    rank: int = Field(default=0, ge=0, le=wire.MAX_RANK)
+    time: float = 0.0
 
 
-Step = Annotated[int, Field(ge=0, le=wire.MAX_STEP, strict=True)]
+Step = Annotated[int, Field(ge=0, le=wire.MAX_STEP)]
 
 
 def _non_finite_names(values: Any) -> Any:
@@ -352,19 +354,17 @@ def _non_finite_names(values: Any) -> Any:
     return values
 
 
-class ColumnIn(BaseModel):
+class ColumnIn(Body):
     """The points of one metric from one rank, as equally long arrays: the compact format (`wire.Column`)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     key: Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_KEY_LENGTH)]
-    rank: int = Field(default=0, ge=0, le=wire.MAX_RANK, strict=True)
+    rank: int = Field(default=0, ge=0, le=wire.MAX_RANK)
     steps: list[Step] = Field(max_length=wire.MAX_POINTS_PER_BATCH)
     # Numbers, with NaN/Infinity/-Infinity written bare (as Python's json writes them) or as strings.
-    values: Annotated[list[Annotated[float, Field(strict=True)]], BeforeValidator(_non_finite_names)] = Field(
+    values: Annotated[list[Annotated[float, Field(allow_inf_nan=True)]], BeforeValidator(_non_finite_names)] = Field(
         max_length=wire.MAX_POINTS_PER_BATCH
     )
-    times: list[Annotated[float, Field(allow_inf_nan=False)]] = Field(max_length=wire.MAX_POINTS_PER_BATCH)
+    times: list[float] = Field(max_length=wire.MAX_POINTS_PER_BATCH)
 
     @model_validator(mode="after")
     def _equally_long(self) -> ColumnIn:
@@ -374,14 +374,12 @@ class ColumnIn(BaseModel):
         return self
 
 
-class ProgressIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ProgressIn(Body):
     epoch: int = Field(ge=0, le=wire.MAX_EPOCH)
     epochs: int = Field(ge=0, le=wire.MAX_EPOCH)
     step: int = Field(ge=0, le=wire.MAX_STEP)
     total_steps: int = Field(ge=0, le=wire.MAX_STEP)
-    samples_per_s: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    samples_per_s: float = Field(default=0.0, ge=0)
     finished: bool = False
     restart: int = Field(default=0, ge=0, le=1_000_000)
 
@@ -389,49 +387,39 @@ class ProgressIn(BaseModel):
 HostName = Annotated[str, StringConstraints(min_length=1, max_length=wire.MAX_HOST_LENGTH)]
 
 
-class GpuIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    index: int = Field(ge=0, le=1023, strict=True)
+class GpuIn(Body):
+    index: int = Field(ge=0, le=1023)
     uuid: str = Field(max_length=100)
     name: str = Field(max_length=200)
 
 
-class NodeIn(BaseModel):
+class NodeIn(Body):
     """One node's GPU inventory (`wire.Node`): its GPUs, or why NVML gave none."""
-
-    model_config = ConfigDict(extra="forbid")
 
     host: HostName
     gpus: list[GpuIn] = Field(default_factory=list, max_length=wire.MAX_GPUS_PER_NODE)
     nvml_error: str | None = Field(default=None, max_length=wire.MAX_NVML_ERROR_LENGTH)
 
 
-class HeartbeatIn(BaseModel):
+class HeartbeatIn(Body):
     """One rank's "alive at this step" (`wire.Heartbeat`)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    rank: int = Field(ge=0, le=wire.MAX_RANK, strict=True)
+    rank: int = Field(ge=0, le=wire.MAX_RANK)
     host: HostName
-    step: int = Field(ge=0, le=wire.MAX_STEP, strict=True)
+    step: int = Field(ge=0, le=wire.MAX_STEP)
 
 
-class EndedIn(BaseModel):
+class EndedIn(Body):
     """How one process of a run launched elsewhere ended (`wire.Ended`)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    rank: int = Field(ge=0, le=wire.MAX_RANK, strict=True)
+    rank: int = Field(ge=0, le=wire.MAX_RANK)
     host: HostName
     how: Annotated[str, _one_of(wire.ENDINGS)]
     error: Annotated[str, StringConstraints(max_length=2000)] | None = None
 
 
-class BatchIn(BaseModel):
+class BatchIn(Body):
     """A batch of metric points from a trainer, with its progress, node inventory and heartbeat; see `trainer.wire`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     points: list[PointIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
     columns: list[ColumnIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
@@ -459,10 +447,8 @@ def _small_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-class JoinIn(BaseModel):
+class JoinIn(Body):
     """One process of a run launched elsewhere asks to report into its job's run (`wire.Join`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     key: Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")] = Field(
         description="What every process of the job shares: its Slurm id, torchrun's rendezvous id, or your own "
@@ -470,9 +456,9 @@ class JoinIn(BaseModel):
     )
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)]
     config: Annotated[dict[str, Any], AfterValidator(_small_config)] = Field(default_factory=dict)
-    rank: int = Field(ge=0, le=wire.MAX_RANK, strict=True)
-    world_size: int = Field(ge=1, le=wire.MAX_RANK, strict=True)
-    local_world_size: int = Field(ge=1, le=wire.MAX_RANK, strict=True)
+    rank: int = Field(ge=0, le=wire.MAX_RANK)
+    world_size: int = Field(ge=1, le=wire.MAX_RANK)
+    local_world_size: int = Field(ge=1, le=wire.MAX_RANK)
     host: HostName
     takes_stop: bool = Field(default=False, description="The script reads report.stop_requested() and stops itself.")
     checkpoint_dir: Annotated[str, StringConstraints(max_length=1000)] | None = Field(
@@ -705,26 +691,20 @@ class HealthOut(BaseModel):
     )
 
 
-class FrameIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class FrameIn(Body):
     file: str = Field(max_length=1000)
     line: int = Field(ge=0)
     function: str = Field(max_length=1000)
 
 
-class CollectiveIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CollectiveIn(Body):
     seq: int = Field(ge=0)
     name: str = Field(max_length=200)
     sizes: str = Field(max_length=1000)
 
 
-class RankDumpIn(BaseModel):
+class RankDumpIn(Body):
     """One rank's answer to a dump request; see `trainer.wire.RankDump`."""
-
-    model_config = ConfigDict(extra="forbid")
 
     request: int = Field(ge=1)
     rank: int = Field(ge=0, le=wire.MAX_RANK)
@@ -848,20 +828,16 @@ class AlertsOut(BaseModel):
     deliveries: list[AlertDeliveryOut]
 
 
-class RunLabels(BaseModel):
+class RunLabels(Body):
     """What PATCH /api/runs/{id} changes; a field left out stays as it is."""
-
-    model_config = ConfigDict(extra="forbid")
 
     tags: list[Annotated[str, StringConstraints(max_length=64)]] | None = Field(default=None, max_length=50)
     notes: str | None = Field(default=None, max_length=10_000)
     archived: bool | None = None
 
 
-class BulkIn(BaseModel):
+class BulkIn(Body):
     """One action on many runs."""
-
-    model_config = ConfigDict(extra="forbid")
 
     runs: list[Annotated[int, Field(ge=1, le=2**31 - 1)]] = Field(min_length=1, max_length=500)
     action: Literal["tag", "untag", "archive", "unarchive", "delete"]

@@ -12,6 +12,7 @@ from app.deps import CallerDep, SessionDep
 from app.errors import Conflict, FieldInvalid, TokenNotFound, UserNotFound
 from app.models import ApiToken, Role, User
 from app.params import TokenId, UserName
+from app.schemas import Body
 from app.services import tokens, users
 
 router = APIRouter(prefix="/api", tags=["users"])
@@ -23,9 +24,9 @@ class CallerOut(BaseModel):
     via: str = Field(description="session, token, proxy, or local (authentication is off).")
 
 
-class UserIn(BaseModel):
+class UserIn(Body):
     name: str = Field(max_length=64)
-    role: Role
+    role: Role = Field(strict=False)  # its name, as JSON writes an enum
     password: str | None = Field(default=None, description="Left out: one is made and answered, this once.")
 
 
@@ -43,9 +44,9 @@ class NewUserOut(BaseModel):
     password: str | None = Field(description="The password made for the user, shown this once; null if given.")
 
 
-class TokenIn(BaseModel):
+class TokenIn(Body):
     name: str = Field(max_length=64)
-    role: Role
+    role: Role = Field(strict=False)
     expires: str = Field(default="90d", description="Its lifetime: hours, days or weeks, e.g. 12h, 90d, 2w.")
 
 

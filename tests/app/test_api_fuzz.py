@@ -28,6 +28,8 @@ from app.schemas import BatchIn
 from app.services import metrics
 from app.services.runs import hash_token
 from app.settings import Settings
+from tests.app.conftest import TOKEN as RUN_TOKEN
+from tests.app.conftest import running_run
 from trainer import wire
 
 TOKEN = "fuzz-token"
@@ -118,3 +120,79 @@ def test_downloads_are_documented_as_files_and_errors_with_their_model(client: T
         for method, operation in operations.items():
             if "{run_id}" in path:
                 assert "404" in operation["responses"], (method, path)
+
+
+# JSON that Python's and pydantic's parsers take although it is no JSON number (1e400 parses as infinity), and values
+# of the wrong JSON type, which a strict field refuses instead of coercing (`true` is no integer, `0` no boolean).
+NON_FINITE = ("NaN", "Infinity", "-Infinity", "1e400")
+WRONG_TYPE = {"number": ("true", '"1"'), "integer": ("true", "1.0", '"1"'), "boolean": ("0", "1", '"true"')}
+JSON_WITH_TOKEN = {"Content-Type": "application/json", "Authorization": f"Bearer {RUN_TOKEN}"}
+METRIC_VALUES = {("points", 0, "value"), ("columns", 0, "values", 0)}  # data: NaN and infinities are stored as such
+
+
+def scalar_fields(schema: dict, resolve: Callable[[str], dict], path: tuple = ()) -> Iterator[tuple[tuple, str]]:
+    """(path, JSON type) of every number, integer and boolean a body schema reaches; 0 stands for an array's item."""
+    if "$ref" in schema:
+        yield from scalar_fields(resolve(schema["$ref"]), resolve, path)
+    for option in schema.get("anyOf", ()):
+        yield from scalar_fields(option, resolve, path)
+    kind = schema.get("type")
+    if kind in WRONG_TYPE:
+        yield path, kind
+    elif kind == "array" and "items" in schema:
+        yield from scalar_fields(schema["items"], resolve, (*path, 0))
+    elif kind == "object":
+        for name, field in schema.get("properties", {}).items():
+            yield from scalar_fields(field, resolve, (*path, name))
+
+
+def body_with(path: tuple, literal: str) -> str:
+    """A JSON body holding `literal`, written as is, at `path`, and nothing else."""
+    value: object = "__LITERAL__"
+    for part in reversed(path):
+        value = [value] if part == 0 else {part: value}
+    return json.dumps(value).replace('"__LITERAL__"', literal)
+
+
+def operations_with_bodies(document: dict) -> Iterator[tuple[str, str, dict, Callable[[str], dict]]]:
+    """(method, path, body schema, $ref resolver) of every operation that takes a JSON body."""
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            if "requestBody" not in operation:
+                continue
+            schema = operation["requestBody"]["content"]["application/json"]["schema"]
+
+            def resolve(ref: str, schema: dict = schema) -> dict:
+                root = document["components"]["schemas"] if ref.startswith("#/components") else schema["$defs"]
+                return root[ref.rpartition("/")[2]]
+
+            yield method, path.replace("{run_id}", "1").replace("{request}", "1"), schema, resolve
+
+
+def test_every_number_and_boolean_of_every_body_refuses_non_finite_values_and_wrong_types(client: TestClient) -> None:
+    """NaN, Infinity or 1e400 where a number is not data, `true` for an integer, `0` for a boolean: a 422 naming the
+    field, in every body of the API (before, NaN anywhere gave a 500, which a trainer's client retried forever)."""
+    running_run(client)  # run 1, so that ingest and dumps reach their bodies' checks
+    checked = 0
+    for method, url, schema, resolve in operations_with_bodies(client.get("/openapi.json").json()):
+        for field, kind in scalar_fields(schema, resolve):
+            if field in METRIC_VALUES:
+                continue
+            for literal in (*NON_FINITE, *WRONG_TYPE[kind]) if kind != "boolean" else WRONG_TYPE[kind]:
+                answer = client.request(method, url, content=body_with(field, literal),
+                                        headers=JSON_WITH_TOKEN)  # fmt: skip
+                assert answer.status_code == 422, (method, url, field, literal, answer.text)
+                places = [tuple(error["loc"][1:]) for error in answer.json()["detail"]]
+                assert any(place[: len(field)] == field for place in places), (method, url, field, literal, places)
+                checked += 1
+    assert checked > 300  # every body's fields, not a few: RunCreate alone has 30 numbers and booleans
+
+
+def test_non_finite_metric_values_are_data_and_stored_as_such(client: TestClient) -> None:
+    run_id = running_run(client)
+    body = '{"columns": [{"key": "loss", "steps": [1, 2, 3], "values": [NaN, Infinity, 1e400], "times": [1, 2, 3]}]}'
+    answer = client.post(f"/api/runs/{run_id}/metrics", content=body,
+                         headers=JSON_WITH_TOKEN)  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    values = [point["value"] for point in client.get(f"/api/runs/{run_id}/metrics/loss").json()["points"]]
+    assert values == ["NaN", "Infinity", "Infinity"]
