@@ -27,6 +27,9 @@ from app.store import runs as run_store
 
 EXTERNAL = "external"  # the launcher, and the workload, of a run launched elsewhere
 DEFAULT_LOST_AFTER = timedelta(minutes=2)  # a client posts every 2 s even when idle: this is minutes of silence
+# A rank may still be sending its last batches when another ends the run (a rank that raised fails it at once); a
+# client retries every 5 s at most, so this is a dozen tries. After it, the tokens are refused like any ended run's.
+LATE_BATCHES = timedelta(seconds=60)
 
 
 def join(db: Session, *, spec: JoinIn, shared: Path, actor: str) -> JoinOut:
@@ -90,9 +93,16 @@ def _reopen(db: Session, run: Run, reason: str) -> None:
     run_store.set_status(db, run, RunStatus.starting, f"attempt {run.attempt}: {reason}")
 
 
+def takes_batch(run: Run, *, now: datetime) -> bool:
+    """Whether the run still takes its processes' batches: while it lives; once lost (its processes were only silent,
+    and one that reports brings it back); for LATE_BATCHES after any other end."""
+    if not run.status.is_final or run.status == RunStatus.lost:
+        return True
+    return run.finished_at is not None and now - run.finished_at <= LATE_BATCHES
+
+
 def took_batch(db: Session, run: Run) -> None:
-    """A batch came from one of the run's processes: note the time; a run declared lost is alive after all. (Its
-    points are stored whatever its state: a rank's last points may come after another rank failed the run.)"""
+    """A batch came from one of the run's processes: note the time; a run declared lost is alive after all."""
     run.contact_at = utcnow()
     if run.status == RunStatus.lost:
         run.finished_at = None

@@ -51,10 +51,11 @@ def ingest(
         run = runs.get_run(db, run_id=run_id)
         if not token_fits(db, run, token):
             raise InvalidToken(f"the token is not the one run {run_id} was launched with")
-        if run.launcher == external.EXTERNAL:
-            external.took_batch(db, run)
-        if run.status not in ACCEPTS_METRICS and run.launcher != external.EXTERNAL:
+        elsewhere = run.launcher == external.EXTERNAL
+        if not (external.takes_batch(run, now=utcnow()) if elsewhere else run.status in ACCEPTS_METRICS):
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
+        if elsewhere:
+            external.took_batch(db, run)
         stored = _store_points(db, run_id=run_id, batch=batch)
         nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)
         if advance_progress(run, batch):
@@ -62,9 +63,9 @@ def ingest(
             if run.status in (RunStatus.queued, RunStatus.starting):
                 what = "progress" if batch.progress is not None else "step"
                 run_store.set_status(db, run, RunStatus.running, f"the trainer reported its first {what}")
-        if batch.ended is not None and run.launcher == external.EXTERNAL:
+        if batch.ended is not None and elsewhere:
             external.ended(db, run, batch.ended)
-        stop = run.launcher == external.EXTERNAL and run.stop_requested_at is not None
+        stop = elsewhere and run.stop_requested_at is not None
         dump = dump_requests.pending(run, now=utcnow())
     result = IngestResult(accepted=batch.size, stored=stored, stop=stop, dump=dump)
     if counters is not None:  # counted once committed: a batch refused or rolled back was not taken

@@ -6,12 +6,14 @@ import json
 import math
 import os
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from app.models import Run, RunStatus
+from app.models import Run, RunStatus, utcnow
+from app.services import external
 from app.services.runs import hash_token
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, series
 from tests.live import LiveServer, open_run
@@ -95,13 +97,48 @@ def test_wrong_or_missing_token_is_401_and_stores_nothing(client: TestClient, ru
     assert series(client, run_id) == []
 
 
-def test_unknown_and_finished_runs_refuse_metrics(client: TestClient, run_id: int) -> None:
+def test_unknown_runs_refuse_metrics(client: TestClient) -> None:
     assert post(client, 999, batch(1)).status_code == 404
+
+
+FINAL = [status for status in RunStatus if status.is_final]
+
+
+@pytest.mark.parametrize("status", FINAL)
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_a_launched_runs_token_is_refused_once_the_run_has_ended(
+    client: TestClient, run_id: int, launcher: str, status: RunStatus
+) -> None:
     with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        db.get(Run, run_id).status = RunStatus.succeeded
+        run = db.get(Run, run_id)
+        run.launcher, run.status, run.finished_at = launcher, status, utcnow()
     refused = post(client, run_id, batch(1))
     assert refused.status_code == 409 and "takes no more metrics" in refused.json()["detail"]
     assert series(client, run_id) == []
+
+
+@pytest.mark.parametrize("status", FINAL)
+def test_a_run_launched_elsewhere_takes_its_ranks_late_batches_for_a_minute_after_its_end_then_refuses_them(
+    client: TestClient, status: RunStatus
+) -> None:
+    """A rank still sending when another ended the run is heard out; a token used later is refused (it was taken,
+    and stored, for ever before). A run declared lost takes them at any time: its processes were only silent."""
+    joined = client.post("/api/runs/external", json={"key": "job-1", "name": "elsewhere", "rank": 0, "world_size": 1,
+                                                     "local_world_size": 1, "host": "node-a"}).json()  # fmt: skip
+    run_id, token = joined["run_id"], joined["token"]
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.status, run.finished_at = status, utcnow()
+    assert post(client, run_id, batch(1), token=token).status_code == 200
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.status, run.finished_at = status, utcnow() - external.LATE_BATCHES - timedelta(seconds=1)
+    late = post(client, run_id, batch(2), token=token)
+    if status == RunStatus.lost:
+        assert late.status_code == 200 and client.get(f"/api/runs/{run_id}").json()["status"] == "running"
+    else:
+        assert late.status_code == 409 and "takes no more metrics" in late.json()["detail"]
+    assert [step for step, _rank, _value in series(client, run_id)] == [1, 2] if status == RunStatus.lost else [1]
 
 
 def test_series_pages_by_step_range(client: TestClient, run_id: int) -> None:
