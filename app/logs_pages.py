@@ -30,7 +30,7 @@ TAIL_LINES = 200
 def logs_panel(request: Request, run_id: RunId, db: SessionDep, folders: FoldersDep) -> HTMLResponse:
     """The panel: rank and stream choices, the filter, and what went wrong; its script starts the live tail."""
     run = runs.get_run(db, run_id=run_id)
-    context = panel_context(run, folders=folders, world_size=runs.world_size(run, request.app.state.settings))
+    context = panel_context(run, folders=folders, world_size=runs.world_size(run))
     return HTMLResponse(render_block(request.app.state.templates, "_logs.html", "panel", context))
 
 
@@ -39,14 +39,14 @@ def panel_context(run: Run, *, folders: RunFolders, world_size: int) -> dict[str
     found = logs.diagnoses(run, folders=folders)
     # Every rank the run will have, before its files exist: the panel is drawn once, often while the run waits.
     ranks = sorted({f.rank for f in files if f.rank is not None} | set(range(world_size)))
-    first = next((d for d in found if d.rank is not None), None)  # open the log of the rank that failed first
+    rank, stream = logs.opening_log(run, folders=folders, found=found)  # where the rank that failed first wrote
     launcher = logs.launcher_output(run, folders=folders)
     return {
         "run": run, "panel": True, "ranks": ranks, "sizes": {(f.rank_name, f.stream): f.size for f in files},
         "guessed": {f.rank for f in files if f.rank_guessed}, "diagnoses": found,
         "launcher_name": launcher.name if launcher else "",
         "explain": bool(found) or run.status in (RunStatus.failed, RunStatus.lost),
-        "rank": first.rank if first else 0, "stream": "stderr" if first else "stdout",
+        "rank": rank, "stream": stream,
     }  # fmt: skip
 
 
@@ -78,7 +78,7 @@ async def _log_events(request: Request, run_id: int, follower: logs.LogFollower)
             update = logs.follow(follower, run, folders=folders)
             if not update.done:
                 return update, None
-            context = panel_context(run, folders=folders, world_size=runs.world_size(run, request.app.state.settings))
+            context = panel_context(run, folders=folders, world_size=runs.world_size(run))
             return update, render_block(request.app.state.templates, "_logs.html", "explain", context)
 
     while not await request.is_disconnected():

@@ -341,7 +341,7 @@ def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, 
         "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
         "removals": checkpoints.removals(run, folders=folders),
         "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
-        "dump": dumps.latest_dump(run, folders=folders, world_size=runs.world_size(run, settings)),
+        "dump": dumps.latest_dump(run, folders=folders, world_size=runs.world_size(run)),
         "findings": found.loaded_run_findings(run),
         **goodput.page_context(run, folders=folders),
     }  # fmt: skip

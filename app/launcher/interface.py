@@ -63,6 +63,10 @@ class Launcher(Protocol):
         """How an ended run ended in the scheduler's words, when the trainer's markers and a stop do not say."""
         ...
 
+    def world_size(self, run: Run) -> int:
+        """How many ranks the run will have once started: what MFU, goodput and the dumps count by."""
+        ...
+
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Starts the run; `token` travels in the processes' environment only. Raises LaunchRefused."""
         ...

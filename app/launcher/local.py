@@ -80,6 +80,10 @@ class LocalLauncher:
         ]  # fmt: skip
         return [*torchrun, *program.trainer_program(run, self.folders)]
 
+    def world_size(self, run: Run) -> int:
+        """One torchrun on this host: its processes."""
+        return run.nproc_per_node
+
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Starts the run's torchrun under the exit-recording waiter, in a process session of its own."""
         run_dir = self.folders.run_dir(run)

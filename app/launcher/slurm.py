@@ -216,6 +216,10 @@ class SlurmLauncher:
         self._submitted_at: dict[str, float] = {}
         self._poll_s = settings.slurm_poll_s
 
+    def world_size(self, run: Run) -> int:
+        """Each node runs `slurm_agents_per_node` torchrun agents, each with the run's processes per node."""
+        return run.nproc_per_node * run.slurm_nodes * self.settings.slurm_agents_per_node
+
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Writes the job script into the run's folder and submits it with `sbatch --parsable`."""
         run_dir = self.folders.run_dir(run)

@@ -86,7 +86,7 @@ def _write(path: Path, body: bytes) -> None:
 def run_dump(db: Session, *, run_id: int, folders: RunFolders, settings: Settings) -> DumpsOut:
     """The run's newest dump, analysed (None before any request); raises RunNotFound."""
     run = runs.get_run(db, run_id=run_id)
-    return DumpsOut(latest=latest_dump(run, folders=folders, world_size=runs.world_size(run, settings)))
+    return DumpsOut(latest=latest_dump(run, folders=folders, world_size=runs.world_size(run)))
 
 
 def latest_dump(run: Run, *, folders: RunFolders, world_size: int) -> DumpOut | None:

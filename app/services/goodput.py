@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, object_session
 from app.errors import RunNotFound
 from app.folders import RunFolders
 from app.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
-from app.services import comm, health, mfu, preflight, sweeps
+from app.services import comm, health, mfu, preflight, runs, sweeps
 from app.store import goodput as goodput_store
 from app.store import runs as run_store
 from trainer import wire
@@ -155,8 +155,7 @@ def compute(
 ) -> Goodput:  # fmt: skip
     """Lay every rank's ledgers on the run's lifecycle; pure, so that it can be checked by hand. `reached_before`:
     the highest step taken before each of these unix times (a process incarnation's start), besides the ledgers'."""
-    processes = run.nproc_per_node * (run.slurm_nodes if run.launcher == "slurm" else 1)
-    ranks = max([processes, *(ledger.rank + 1 for ledger in ledgers)])
+    ranks = max([runs.world_size(run), *(ledger.rank + 1 for ledger in ledgers)])
     segments = _segments(run, events, now=now.timestamp())
     stalls = _stalls(events, now=now.timestamp())
     repeated = _repeated_steps(ledgers, reached_before or {})

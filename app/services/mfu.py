@@ -70,7 +70,7 @@ def run_mfu(db: Session, *, run: Run) -> Mfu | None:
     if not flops or not run.samples_per_s:
         return None
     names = [str(gpu["name"]) for node in run.gpus or [] for gpu in node.get("gpus", [])]  # type: ignore[attr-defined]
-    processes = run.nproc_per_node * (run.slurm_nodes if run.launcher == "slurm" else 1)
+    processes = runs.world_size(run)
     return compute(flops_per_sample=flops, samples_per_s=run.samples_per_s, gpu=names[0] if names else None,
                    precision=PRECISION_OF.get(run.precision, "fp32"), processes=processes)  # fmt: skip
 

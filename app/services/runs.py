@@ -48,10 +48,13 @@ def create_run(
 ) -> Run:  # fmt: skip
     """Stores a new run in `queued`; the supervisor starts it when its processes fit on this host, or submits it to
     Slurm at once (Slurm queues it)."""
+    launcher: Launcher
     if spec.launcher == "slurm":
-        _check_fits_slurm(spec, launcher=launchers.require_slurm(), settings=settings)
+        launcher = launchers.require_slurm()
+        _check_fits_slurm(spec, launcher=launcher, settings=settings)
     else:
-        _check_fits_host(spec, launcher=launchers.local)
+        launcher = launchers.local
+        _check_fits_host(spec, launcher=launcher)
     with db.begin():
         if spec.init_from:
             spec = spec.model_copy(update={"init_from": checkpoints.checked_init_from(folders.shared,
@@ -62,6 +65,7 @@ def create_run(
         checkpoints.check_disk_room(db, spec, folders=folders)
         run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="",
                   created_by=actor, sweep_of=sweep_of)  # fmt: skip
+        run.world_size = launcher.world_size(run)
         db.add(run)
         db.flush()
         audit.record(db, actor=actor, action="created", run_id=run.id)
@@ -342,19 +346,19 @@ def _launch(db: Session, run: Run, *, launcher: Launcher, devices: list[int]) ->
     run.token_hash = hash_token(token)
     run.launch_id, run.pid, run.pid_start_ticks = launch.launch_id, launch.pid, launch.start_ticks
     run.command, run.devices, run.job_id = launch.command, devices, launch.job_id
+    run.world_size = launcher.world_size(run)  # the server's settings may have changed since it was queued
     run.attempt = 1
     run.started_at = utcnow()
     # A submitted job waits in Slurm's queue; local processes start at once.
     run_store.set_status(db, run, RunStatus.queued if launch.job_id else RunStatus.starting, launch.description)
 
 
-def world_size(run: Run, settings: Settings) -> int:
-    """How many ranks the run has: its processes per node, times its nodes' torchrun agents on Slurm."""
-    if run.world_size is not None:  # launched elsewhere: what its job said
+def world_size(run: Run) -> int:
+    """How many ranks the run has: what its launcher said when it was made and launched, or, launched elsewhere, what
+    its job said; for a run stored before runs kept it, its processes per node times its nodes."""
+    if run.world_size is not None:
         return run.world_size
-    if run.launcher == "slurm":
-        return run.nproc_per_node * run.slurm_nodes * settings.slurm_agents_per_node
-    return run.nproc_per_node
+    return run.nproc_per_node * (run.slurm_nodes if run.launcher == "slurm" else 1)
 
 
 def elapsed(run: Run, now: datetime | None = None) -> timedelta | None:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from fastapi.testclient import TestClient
 from torch.utils.flop_counter import FlopCounterMode
 
-from app.services import mfu
+from app.folders import RunFolders
+from app.launcher.slurm import SlurmLauncher
+from app.models import Run
+from app.services import mfu, runs
+from app.settings import Settings
+from trainer import wire
 from trainer.workloads import WORKLOADS
 
 
@@ -38,3 +46,27 @@ def test_the_peak_depends_on_the_model_and_the_precision_and_may_be_unknown() ->
     assert mfu.peak_tflops("Tesla V100-SXM2-32GB", "bf16") is None  # no bf16 on Volta
     cpu = mfu.compute(flops_per_sample=100, samples_per_s=10, gpu=None, precision="fp32", processes=1)
     assert cpu.mfu is None and cpu.achieved_tflops == pytest.approx(1e-9)
+
+
+def test_a_run_launched_elsewhere_on_two_nodes_counts_the_gpus_of_both(client: TestClient) -> None:
+    """Its job said 4 ranks, 2 a node: MFU is over 4 GPUs' peak (it was over 2, the processes of one node, before)."""
+    joined = client.post("/api/runs/external", json={"key": "job-2n", "name": "two nodes", "rank": 0, "world_size": 4,
+                                                     "local_world_size": 2, "host": "node-a"}).json()  # fmt: skip
+    h100 = wire.Node(
+        "node-a", (wire.Gpu(0, "GPU-a0", "NVIDIA H100 80GB HBM3"), wire.Gpu(1, "GPU-a1", "NVIDIA H100 80GB HBM3"))
+    )
+    batch = wire.Batch((wire.Point(wire.MODEL_FLOPS_KEY, 1, 457_728.0),), node=h100,
+                       progress=wire.Progress(epoch=0, epochs=0, step=1, total_steps=0, samples_per_s=1e6))  # fmt: skip
+    posted = client.post(f"/api/runs/{joined['run_id']}/metrics", json=batch.to_json(),
+                         headers={"Authorization": f"Bearer {joined['token']}"})  # fmt: skip
+    assert posted.status_code == 200, posted.text
+    shown = client.get(f"/api/runs/{joined['run_id']}/mfu").json()
+    assert shown["processes"] == 4
+    assert shown["mfu"] == pytest.approx(0.457728 / (4 * 66.9))  # at fp32: its precision is not known
+
+
+def test_a_slurm_run_has_its_processes_per_node_times_its_nodes_times_their_agents(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, shared_dir=tmp_path / "shared", slurm_agents_per_node=2)
+    run = Run(nproc_per_node=4, slurm_nodes=3, launcher="slurm")
+    assert SlurmLauncher(settings, RunFolders(settings.shared)).world_size(run) == 24
+    assert runs.world_size(run) == 12, "a run stored before runs kept their size: the agents were never known"
