@@ -517,7 +517,9 @@ class CheckpointOut(BaseModel):
     step: int
     epoch: int | None = None
     metrics: dict[str, MetricValue] = Field(default_factory=dict, description="The trainer's metrics at save time.")
-    reason: str | None = Field(default=None, description="Why it was written: epoch, stop or final.")
+    reason: str | None = Field(
+        default=None, description=f"Why it was written: one of {', '.join(wire.CHECKPOINT_REASONS)}."
+    )
     latest: bool = False
     best: bool = Field(default=False, description="Lowest value of the chosen metric (best_metric) so far.")
 

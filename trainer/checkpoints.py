@@ -83,6 +83,8 @@ def save(
     directory: Path, snapshot: Mapping[str, Any], *, epoch: int, step: int, metrics: Mapping[str, float], reason: str
 ) -> wire.CheckpointSidecar:
     """Write `step-*.pt`, then its sidecar; on OSError neither is left behind, and earlier checkpoints are untouched."""
+    if reason not in wire.CHECKPOINT_REASONS:  # the pages and the API explain only these
+        raise ValueError(f"unknown checkpoint reason {reason!r}; one of {wire.CHECKPOINT_REASONS}")
     path = directory / wire.checkpoint_name(step)
     write_atomically(path, lambda file: _torch_save(snapshot, file))
     try:

@@ -461,8 +461,10 @@ class Trainer:
         report.progress(self._progress(samples_per_s))
 
     def _progress(self, samples_per_s: float = 0.0, *, finished: bool = False) -> wire.Progress:
+        # After the last epoch `self.epoch` stands one past it, the loop's exit condition: no run has epoch 11 of 10.
         return wire.Progress(
-            epoch=self.epoch, epochs=self.config.epochs, step=self.step, total_steps=self.total_steps,
+            epoch=min(self.epoch, self.config.epochs), epochs=self.config.epochs, step=self.step,
+            total_steps=self.total_steps,
             samples_per_s=samples_per_s, finished=finished, restart=_restart_count(),
         )  # fmt: skip
 

@@ -85,7 +85,8 @@ SPOOL_GLOB = "spool-*.jsonl"
 # because it is complete and loads.
 CHECKPOINT_GLOB = "step-*.pt"
 CHECKPOINT_SIDECAR_GLOB = "step-*.json"
-CHECKPOINT_REASONS = ("epoch", "stop", "final")  # why it was written: an epoch boundary, a stop request, the end
+# Why a checkpoint was written: an epoch boundary, every N steps (checkpoint_unit "step"), a stop request, the end.
+CHECKPOINT_REASONS = ("epoch", "step", "stop", "final")
 CHECKPOINT_METRICS = ("loss", "epoch_loss")  # a sidecar's metrics; lower is better for both
 # The trainer's retention appends one JSON line per checkpoint it deleted, in the checkpoint folder ("freed": bytes
 # of the .pt and its sidecar that were still there):

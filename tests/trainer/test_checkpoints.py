@@ -268,6 +268,16 @@ def test_a_sidecar_that_cannot_be_written_takes_its_checkpoint_with_it(tmp_path:
     assert names(tmp_path) == {"step-00000002.json"}
 
 
+def test_every_reason_the_trainer_writes_is_one_the_dashboard_explains(tmp_path: Path) -> None:
+    """The trainer writes "step" checkpoints (checkpoint_unit step), which wire.CHECKPOINT_REASONS once lacked."""
+    for step, reason in enumerate(("epoch", "step", "stop", "final"), start=1):
+        checkpoints.save(tmp_path, snapshot_of(10), epoch=1, step=step, metrics={"loss": 1.0}, reason=reason)
+        assert read_sidecar(tmp_path / wire.checkpoint_name(step)).reason in wire.CHECKPOINT_REASONS
+    with pytest.raises(ValueError, match="unknown checkpoint reason 'hourly'"):
+        checkpoints.save(tmp_path, snapshot_of(10), epoch=1, step=9, metrics={"loss": 1.0}, reason="hourly")
+    assert not (tmp_path / wire.checkpoint_name(9)).exists()
+
+
 # --- c. starting from a checkpoint ------------------------------------------------------------------------------
 
 

@@ -165,13 +165,15 @@ def test_the_same_seed_gives_bitwise_identical_weights(finished_run: ShortRun, t
 
 def test_a_run_over_before_its_second_post_still_shows_its_throughput(tmp_path: Path) -> None:
     """Posting every 10 s, a 1-process run of one epoch (about a second here) sends its progress only at the end. That
-    final report carries the rate last measured: a run's throughput, and a scaling sweep's speedup, come from it."""
+    final report carries the rate last measured: a run's throughput, and a scaling sweep's speedup, come from it; and
+    the epoch it finished, not the loop's counter one past it."""
     with serving(tmp_path, RANKBOARD_REPORT_S="10", RANKBOARD_SLOTS="1") as server, server.api() as api:
         run = create(api, nproc_per_node=1, epochs=1, batch_size=512)
         done = wait_status(api, run["id"], FINAL, timeout=120)
         assert done["status"] == "succeeded", (done["status_reason"], output(server, run["id"]))
         logged = api.get(f"/api/runs/{run['id']}/metrics/samples_per_s").json()["points"]
     assert len(logged) == done["total_steps"] and done["samples_per_s"] == logged[-1]["value"] > 0
+    assert (done["epoch"], done["epochs"]) == (1, 1), "a finished run is at its last epoch, not one past it"
 
 
 def test_without_torchrun_it_says_to_use_torchrun() -> None:
