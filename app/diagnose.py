@@ -1,9 +1,12 @@
 """Failures explained: known causes recognised in the ranks' logs and the launcher's (Slurm's), with what to do.
 
 The wording follows the troubleshooting table of the DDP checklist. Only text is looked at here (the service reads
-the bounded tails of the files); nothing is guessed from the exit code alone. When several ranks fail, the first
-one to fail is the one worth reading: torchrun names it in its "Root Cause (first observed failure)" block, and
-without that block the rank whose log stopped changing first is taken, since the others usually died of its death.
+the bounded tails of the files); nothing is guessed from the exit code alone. Lines are read as each process wrote
+them: the prefixes torch, torchrun --tee and srun --label put before them are stripped, and a file several processes
+wrote is split by them (PREFIXES). When several ranks fail, the first one to fail is the one worth reading, and is
+listed first: a rank that only lost a peer ("Connection closed by peer") failed because another did; torchrun names
+the first failure it observed in its "Root Cause (first observed failure)" block (to the second, so a rank that
+died a moment later can share it); and the rank whose log stopped changing first is taken before the others.
 """
 
 from __future__ import annotations
@@ -33,8 +36,12 @@ class Diagnosis:
     advice: str
     rank: int | None
     line: str
-    ranks: list[int] = field(default_factory=list)  # every rank whose log shows it
+    ranks: list[int] = field(default_factory=list)  # every rank whose log shows it, the first to fail first
     traceback: str | None = None
+    # The log it was seen in: the rank of the file (None for the launcher's output) and its stream. `rank` differs
+    # where torch's "[rank<n>]:" names another, as in a --tee copy in the launcher's output.
+    log_rank: int | None = None
+    stream: str = "stdout"
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,18 @@ PATTERNS = [
         "Read the named ranks' logs and the run's dump (\"Which rank, and why\"): where their stacks stand is where "
         "they stopped; a collective called on some ranks only (inside an if on the rank) is the usual cause.",
     ),
+    # What a rank says when another one died under it: gloo's pair.cc ("Connection closed by peer [addr]:port. This is
+    # typically caused by a remote worker crashing."), the TCPStore's client, NCCL's ncclRemoteError.
+    Pattern(
+        "peer_lost", "Lost a peer: another rank stopped first",
+        re.compile(r"Connection (?:closed|reset) by (?:remote )?peer|remote worker crashing|"
+                   r"Failed to recv, got 0 bytes|remote process exited or there was a network error", re.IGNORECASE),
+        "This rank's collective (or its talk with the rendezvous store) failed because the rank at the other end "
+        "went away: it died first, or its node or the network between them failed. It is a consequence, not the "
+        "cause.",
+        "Read the failure of the rank that stopped first, listed above; when every rank says only this, suspect "
+        "the network or a node that went down.",
+    ),
     Pattern(
         "nccl_timeout", "NCCL timeout",
         re.compile(r"Watchdog caught collective operation timeout|NCCL operations have failed or timed out|"
@@ -140,12 +159,31 @@ EXCEPTION_ADVICE = (
 )
 TRACEBACK_START = "Traceback (most recent call last):"
 CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
-RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")  # torchrun --tee writes "[rank1]:" before each line
-ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?\n\s*rank\s*:\s*(\d+)", re.DOTALL)
+# The prefixes written before a process's lines, outermost first. Each is stripped exactly, its space included, so
+# that a traceback's frames keep their indentation and its exception line has none:
+# - srun --label's task number, "%*d: " padded to the widest task's ("P<n> " before it in a heterogeneous job); at
+#   most 4 wide (9999 tasks), so that a traceback's source line, indented by 4, such as "    10: 'ten'," is no label;
+# - torchrun --tee's "[<role><local rank>]:", no space ("[default1]:"; TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE may
+#   make it "[<rank>]:");
+# - torch's own "[rank<n>]: ", which the excepthook init_process_group installs writes before every non-blank line
+#   of an uncaught exception's traceback (and "[rank<n>]:", no space, before c10d's C++ warnings).
+PREFIXES = (
+    re.compile(r"((?:P\d+ )?(?=[ \d]{1,4}: ) *\d+): "),
+    re.compile(r"\[((?!rank\d)[\w.-]*\d+)\]:"),
+    re.compile(r"\[rank(\d+)\]: ?"),
+)
+NO_PREFIX = ("", "", "")
+ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?\n\s*time\s*:\s*(\S+).*?\n\s*rank\s*:\s*(\d+)", re.DOTALL
+)
 MAX_TRACEBACK_LINES = 80
 # torchrun's own tracebacks that are reports, not errors: a rank failed (its own traceback is the one to read), or
 # torchrun was signalled (a stop asked for).
 TORCHRUN_REPORTS = ("ChildFailedError", "SignalException")
+# Failures that follow from another rank's: a rank that shows only these failed after one that shows something else.
+CONSEQUENCES = [p for p in PATTERNS if p.kind in ("peer_lost", "nccl_timeout")]
+# The scheduler's verdict comes first: what the ranks and torchrun wrote as Slurm ended the job follows from it.
+SCHEDULER_KINDS = {p.kind for p in PATTERNS if p.kind.startswith("slurm_")}
 
 
 @dataclass(frozen=True)
@@ -154,66 +192,139 @@ class Traceback:
     last_line: str  # the exception itself: `ValueError: ...`
 
 
+@dataclass(frozen=True)
+class Output:
+    """What one process wrote to a log, its prefixes stripped: all of a rank's own file, or a share of a file
+    several processes wrote (torchrun's --tee copy, Slurm's output of several agents)."""
+
+    log: LogText
+    rank: int | None  # the rank torch's "[rank<n>]:" names, else the log's
+    lines: list[str]
+    last: int  # where its last line is in the file: of the processes that wrote to one file, who stopped first
+    tracebacks: list[Traceback]
+
+
 def diagnose(logs: Sequence[LogText]) -> list[Diagnosis]:
-    """Every known failure found in `logs`, the rank that failed first before the others."""
-    ordered = _first_failure_first(logs)
-    found: list[Diagnosis] = []
-    for pattern in PATTERNS:
-        diagnosis = _match(pattern, ordered)
-        if diagnosis is not None:
-            found.append(diagnosis)
-    # The last traceback of the rank that failed first: an earlier one in the same log was survived.
-    first = next(((log, found_in[-1]) for log in ordered if (found_in := tracebacks(log))), None)
-    if first is not None and not any(d.traceback == first[1].text for d in found):
-        log, tb = first
-        title = f"Python exception: {tb.last_line.split(':', 1)[0]}"
-        found.append(Diagnosis("exception", title, EXCEPTION_CAUSE, EXCEPTION_ADVICE, log.rank, tb.last_line,
-                               [log.rank] if log.rank is not None else [], tb.text))  # fmt: skip
-    return found
+    """Every known failure found in `logs`: Slurm's first, then by the rank that failed first."""
+    ordered = _first_failure_first(_outputs_of(logs), root_cause_ranks(logs))
+    found = [match for pattern in PATTERNS if (match := _match(pattern, ordered)) is not None]
+    exception = _exception(ordered)
+    found += [exception] if exception is not None else []
+    found.sort(key=lambda match: (match[1].kind not in SCHEDULER_KINDS, match[0]))
+    return [diagnosis for _, diagnosis in found]
 
 
-def _match(pattern: Pattern, ordered: Sequence[LogText]) -> Diagnosis | None:
-    """The first line `pattern` matches in the ordered logs, with its traceback when it ends one."""
-    first: tuple[LogText, str] | None = None
-    ranks: list[int] = []
-    for log in ordered:
-        line = next((line for line in _lines(log.text) if pattern.regex.search(line)), None)
-        if line is None:
-            continue
-        first = first or (log, line)
-        if log.rank is not None and log.rank not in ranks:
-            ranks.append(log.rank)
+def _match(pattern: Pattern, ordered: Sequence[Output]) -> tuple[int, Diagnosis] | None:
+    """The first line `pattern` matches in the ordered outputs (with its traceback when it ends one), and where."""
+    hits = []
+    for i, output in enumerate(ordered):
+        line = next((line for line in output.lines if pattern.regex.search(line)), None)
+        if line is not None:
+            hits.append((i, output, line))
+    if not hits:
+        return None
+    i, output, line = hits[0]
+    ranks = list(dict.fromkeys(o.rank for _, o, _ in hits if o.rank is not None))
+    traceback = next((tb.text for tb in output.tracebacks if pattern.regex.search(tb.last_line)), None)
+    return i, _diagnosis(pattern.kind, pattern.title, pattern.cause, pattern.advice, output, line.strip(), ranks,
+                         traceback)  # fmt: skip
+
+
+def _exception(ordered: Sequence[Output]) -> tuple[int, Diagnosis] | None:
+    """The last traceback of the output that failed first, unless a pattern explains it; an earlier one in the same
+    output was survived."""
+    first = next(((i, output) for i, output in enumerate(ordered) if output.tracebacks), None)
     if first is None:
         return None
-    log, line = first
-    traceback = next((tb.text for tb in tracebacks(log) if pattern.regex.search(tb.last_line)), None)
-    return Diagnosis(pattern.kind, pattern.title, pattern.cause, pattern.advice, log.rank, line.strip(), ranks,
-                     traceback)  # fmt: skip
+    i, output = first
+    tb = output.tracebacks[-1]
+    line = tb.last_line
+    if any(pattern.regex.search(line) for pattern in PATTERNS):
+        return None
+    # Every rank that died of the same error (a bug on every rank), in the order they failed.
+    ended = (o.rank for o in ordered if o.rank is not None and o.tracebacks and o.tracebacks[-1].last_line == line)
+    title = f"Python exception: {line.split(':', 1)[0]}"
+    return i, _diagnosis("exception", title, EXCEPTION_CAUSE, EXCEPTION_ADVICE, output, line,
+                         list(dict.fromkeys(ended)), tb.text)  # fmt: skip
 
 
-def root_cause_rank(logs: Sequence[LogText]) -> int | None:
-    """The rank torchrun names as the first observed failure in its own output, if it wrote that block."""
-    for log in logs:
-        if log.rank is None and (found := ROOT_CAUSE.findall(log.text)):
-            return int(found[-1])  # the latest launch's, when a resumed run's launcher output holds several
-    return None
+def _diagnosis(
+    kind: str, title: str, cause: str, advice: str, output: Output, line: str, ranks: list[int], tb: str | None
+) -> Diagnosis:
+    return Diagnosis(kind, title, cause, advice, output.rank, line, ranks, tb, output.log.rank, output.log.stream)
 
 
-def _first_failure_first(logs: Sequence[LogText]) -> list[LogText]:
-    """Ranks' logs, the root-cause rank first, then by when each file last changed; the launcher's last."""
-    root = root_cause_rank(logs)
+def root_cause_ranks(logs: Sequence[LogText]) -> set[int]:
+    """The ranks torchrun names as the first observed failure in its own output. Each agent names one of its own,
+    so those named at the earliest time are kept (to the second: a tie keeps several)."""
+    named = [
+        found
+        for log in logs
+        if log.rank is None
+        for output in outputs(log)
+        for found in ROOT_CAUSE.findall("\n".join(output.lines))
+    ]
+    earliest = min((time for time, _ in named), default=None)
+    return {int(rank) for time, rank in named if time == earliest}
 
-    def order(log: LogText) -> tuple[int, float, int, int]:
-        if log.rank is None:
-            return (2, 0.0, 0, 0)
-        return (0 if log.rank == root else 1, log.modified, log.rank, 0 if log.stream == "stderr" else 1)
 
-    return sorted(logs, key=order)
+def _first_failure_first(found: Sequence[Output], roots: set[int]) -> list[Output]:
+    """Outputs in the order their processes failed: those that only lost a peer after all others, and the
+    launcher's own after the ranks'; then the ranks torchrun named as the root cause first; then by when each file
+    last changed, and by where each process's last line is in a file that several wrote."""
+
+    def order(output: Output) -> tuple[bool, bool, bool, float, int, int, bool]:
+        rank = -1 if output.rank is None else output.rank
+        return (_consequential(output), output.rank is None, output.rank not in roots, output.log.modified,
+                output.last, rank, output.log.stream != "stderr")  # fmt: skip
+
+    return sorted(found, key=order)
 
 
-def tracebacks(log: LogText) -> list[Traceback]:
-    """The Python tracebacks in a log, a chain of exceptions as one, leaving out torchrun's TORCHRUN_REPORTS."""
-    lines = _lines(log.text)
+def _consequential(output: Output) -> bool:
+    """True when what the output shows failing is a consequence of another rank's failure (see CONSEQUENCES)."""
+    lines = [output.tracebacks[-1].last_line] if output.tracebacks else output.lines
+    return any(pattern.regex.search(line) for pattern in CONSEQUENCES for line in lines)
+
+
+def _outputs_of(logs: Sequence[LogText]) -> list[Output]:
+    """Every process's output; of the launcher's, only what ranks without a log of their own wrote (a --tee copy
+    of a rank's log would name its failure twice)."""
+    own = {log.rank for log in logs if log.rank is not None}
+    return [output for log in logs for output in outputs(log) if log.rank is not None or output.rank not in own]
+
+
+def outputs(log: LogText) -> list[Output]:
+    """The log split by the process that wrote each line, as the lines' prefixes (PREFIXES) tell them apart."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    last: dict[tuple[str, ...], int] = {}
+    key: tuple[str, ...] = NO_PREFIX
+    for i, line in enumerate(log.text.splitlines()):
+        text, found = _strip(line)
+        # torch leaves blank lines (a chain's separators) without its prefix: they belong with the lines around them.
+        if text or any(name and name != was for name, was in zip(found, key, strict=True)):
+            key = found
+        groups.setdefault(key, []).append(text)
+        last[key] = i
+    return [
+        Output(log, int(key[2]) if key[2] else log.rank, lines, last[key], tracebacks(lines))
+        for key, lines in groups.items()
+    ]
+
+
+def _strip(line: str) -> tuple[str, tuple[str, ...]]:
+    """The line without its prefixes, and the writer each named ("" for a prefix it does not have)."""
+    names = []
+    for prefix in PREFIXES:
+        match = prefix.match(line)
+        names.append(match.group(1) if match else "")
+        line = line[match.end() :] if match else line
+    return line, tuple(names)
+
+
+def tracebacks(lines: list[str]) -> list[Traceback]:
+    """The Python tracebacks in one process's lines, a chain of exceptions as one, leaving out torchrun's
+    TORCHRUN_REPORTS."""
     found = []
     i = 0
     while i < len(lines):
@@ -252,7 +363,3 @@ def _chained(lines: list[str], i: int) -> bool:
         and lines[i + 1].startswith(CHAINED)
         and lines[i + 3].strip() == TRACEBACK_START
     )
-
-
-def _lines(text: str) -> list[str]:
-    return [RANK_PREFIX.sub("", line) for line in text.splitlines()]

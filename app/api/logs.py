@@ -48,15 +48,20 @@ class TailOut(BaseModel):
 
 class DiagnosisOut(BaseModel):
     kind: str = Field(description="slurm_oom, slurm_node_failure, slurm_time_limit, slurm_preempted, "
-                      "slurm_cancelled (Slurm's lines in its output file), cuda_oom, nccl_timeout, no_space, "
-                      "not_torchrun, address_in_use or exception.")  # fmt: skip
+                      "slurm_cancelled (Slurm's lines in its output file), cuda_oom, desync, peer_lost (a rank "
+                      "failed because another stopped first), nccl_timeout, no_space, not_torchrun, address_in_use "
+                      "or exception. Slurm's come first, then the others by the rank that failed first.")  # fmt: skip
     title: str
     cause: str
     advice: str
     rank: int | None = Field(description="The rank it was seen on first; null when only the launcher's output.")
-    ranks: list[int]
+    ranks: list[int] = Field(description="Every rank it was seen on, the first to fail first.")
     line: str
     traceback: str | None
+    log_rank: int | None = Field(description="The log it was seen in: the rank of the file, null for the launcher's "
+                                 "output. It differs from `rank` where torch's `[rank<n>]:` prefix names another, "
+                                 "as in a --tee copy.")  # fmt: skip
+    stream: str = Field(description="That log's stream: stdout or stderr (the launcher's output is one file, stdout).")
 
 
 @router.get("/{run_id}/logs", response_model=list[LogFileOut], responses=documented(RunNotFound),

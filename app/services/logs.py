@@ -10,16 +10,16 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.diagnose import Diagnosis, LogText, diagnose
+from app.diagnose import Diagnosis, LogText, diagnose, root_cause_ranks
 from app.errors import FieldInvalid, PathNotFound
 from app.folders import RunFolders
 from app.launcher.local import LAUNCHER_LOG, latest_launch
 from app.launcher.slurm import AGENT_LOGS, OUTPUT_FILE, SlurmLauncher
-from app.models import Run
+from app.models import Run, RunStatus
 from trainer import wire
 
 STREAMS = ("stdout", "stderr")
@@ -322,6 +322,20 @@ def diagnoses(run: Run, *, folders: RunFolders) -> list[Diagnosis]:
     found = diagnose([_latest_launch(t) if t.rank is None else t for t in texts])
     # A run stopped on request ends with Rankboard's own scancel: that is no failure to explain.
     return [d for d in found if not (run.stop_requested_at and d.kind == SLURM_CANCELLED)]
+
+
+def opening_log(run: Run, *, folders: RunFolders, found: Sequence[Diagnosis]) -> tuple[str, str]:
+    """The log (rank as a URL names it, and stream) the panel opens on: where the first failure was seen; for a
+    failed run with none recognised, the stderr of the rank torchrun names as its root cause; else rank 0's stdout."""
+    if found:
+        first = found[0]
+        return (LAUNCHER if first.log_rank is None else str(first.log_rank)), first.stream
+    output = launcher_output(run, folders=folders)
+    if run.status in (RunStatus.failed, RunStatus.lost) and output is not None:
+        roots = root_cause_ranks([_latest_launch(LogText(None, "stdout", _tail_text(output)))])
+        if roots:
+            return str(min(roots)), "stderr"  # killed without a word (SIGKILL, a segfault): its stderr says most
+    return "0", "stdout"
 
 
 def _latest_launch(log: LogText) -> LogText:

@@ -4,17 +4,22 @@ produce it, copied verbatim from PyTorch's source or its users' reports where it
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from app.diagnose import Diagnosis, LogText, diagnose
+from app.diagnose import Diagnosis, LogText, diagnose, root_cause_ranks
+from app.models import RunStatus
+from tests.app.conftest import move_run
 from tests.live import REPO
 
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -122,16 +127,19 @@ def test_nccl_timeout(line: str) -> None:
 
 
 def test_a_line_seen_on_every_rank_is_one_diagnosis_naming_them_all() -> None:
-    found = only(diagnose([LogText(r, "stderr", NCCL_WATCHDOG + "\n", modified=10.0 - r) for r in range(3)]),
-                 "nccl_timeout")  # fmt: skip
+    watchdog = [NCCL_WATCHDOG.replace("[rank1]:", f"[rank{r}]:") + "\n" for r in range(3)]  # each rank's own prefix
+    found = only(diagnose([LogText(r, "stderr", watchdog[r], modified=10.0 - r) for r in range(3)]), "nccl_timeout")
     assert found.rank == 2 and found.ranks == [2, 1, 0]  # rank 2's log stopped changing first
 
 
-def test_the_exception_of_the_rank_that_failed_first_is_shown() -> None:
-    late = stderr_of("-c", "raise RuntimeError('Connection closed by peer')")
+@pytest.mark.parametrize("lost_changed", [200.0, 50.0], ids=["after", "before"])
+def test_the_exception_of_the_rank_that_failed_first_is_shown(lost_changed: float) -> None:
+    """Rank 0 only lost its peer: listed after rank 3's error, even where its log stopped changing first."""
+    lost = stderr_of("-c", "raise RuntimeError('Connection closed by peer')")
     early = stderr_of("-c", "def load(i):\n    raise IndexError(f'sample {i} out of range')\nload(7)")
-    logs = [LogText(0, "stderr", late, modified=200.0), LogText(3, "stderr", early, modified=100.0)]
-    found = only(diagnose(logs), "exception")
+    logs = [LogText(0, "stderr", lost, modified=lost_changed), LogText(3, "stderr", early, modified=100.0)]
+    found, lost_peer = diagnose(logs)
+    assert (found.kind, lost_peer.kind, lost_peer.rank) == ("exception", "peer_lost", 0)
     assert found.rank == 3 and found.line == "IndexError: sample 7 out of range"
     assert found.traceback is not None and found.traceback.startswith("Traceback (most recent call last):")
     assert "in load" in found.traceback and "Connection closed" not in found.traceback
@@ -149,6 +157,39 @@ def test_a_chain_of_exceptions_is_one_traceback() -> None:
     found = only(diagnose([LogText(0, "stderr", text)]), "exception")
     assert found.line == "ValueError: config has no x"
     assert found.traceback is not None and "KeyError: 'x'" in found.traceback and "During handling" in found.traceback
+
+
+CHAINED_SCRIPT = """\
+def parse(config):
+    return {10: "ten",
+            11: config["x"]}
+
+
+try:
+    parse({})
+except KeyError:
+    raise ValueError("config has no x")
+"""
+INIT_PROCESS_GROUP = """\
+import torch.distributed as dist
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+"""
+
+
+@pytest.mark.parametrize("prefix", ["[rank0]: ", ""], ids=["torch-prefix", "none"])
+def test_a_chain_of_exceptions_is_one_traceback_with_or_without_torchs_prefix(tmp_path: Path, prefix: str) -> None:
+    """Once init_process_group ran, torch writes "[rank<n>]: " before each line but the chain's blank ones. A source
+    line that starts with a number and a colon is no srun label, in a rank's log or in the launcher's."""
+    script = tmp_path / "chained.py"
+    script.write_text((INIT_PROCESS_GROUP if prefix else "") + CHAINED_SCRIPT)
+    text = stderr_of(str(script))
+    assert f'{prefix}    11: config["x"]}}' in text.splitlines() and "" in text.splitlines()
+    for log in (LogText(0, "stderr", text), LogText(None, "stdout", text)):
+        found = only(diagnose([log]), "exception")
+        assert found.line == "ValueError: config has no x" and found.traceback is not None
+        assert "KeyError: 'x'" in found.traceback and "\n\nDuring handling" in found.traceback
+        assert "[rank0]" not in found.traceback and '\n    11: config["x"]}\n' in found.traceback
 
 
 FAILING_SCRIPT = """
@@ -184,6 +225,176 @@ def test_a_real_torchrun_failure_is_explained_from_its_root_cause_rank(
     assert "ChildFailedError" not in found[0]["traceback"]
     tail = client.get(f"/api/runs/{run_id}/logs/0/stdout").json()["lines"]
     assert tail == ["rank 0 starting"]
+
+
+KEY_ERROR_SCRIPT = """\
+import signal
+import time
+
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # from here on torch writes "[rank<n>]: " before each line of an uncaught exception
+rank = dist.get_rank()
+print(f"rank {rank} starting", flush=True)
+dist.barrier()
+if rank == 1:
+    time.sleep(0.5)
+    config = {}
+    config["lr"]
+# Rank 0 outlives torchrun's SIGTERM, however slow the machine, so that it always writes what a rank says when its
+# peer dies under it: gloo's "Connection closed by peer".
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+dist.barrier()
+"""
+# How torchrun writes the ranks' output: into its own (plain); into files of each rank's own under --log-dir
+# (--redirects); or both, its own copy prefixed with "[default<local rank>]:" (--tee).
+LOG_MODES = {"plain": [], "tee": ["--tee", "3"], "redirects": ["--redirects", "3"]}
+# What rank 1's exception line is written as in each, torch's own prefix innermost.
+KEY_ERROR_AS_WRITTEN = {
+    "plain": "[rank1]: KeyError: 'lr'",
+    "tee": "[default1]:[rank1]: KeyError: 'lr'",
+    "redirects": "[rank1]: KeyError: 'lr'",
+    "srun-label": "0: [default1]:[rank1]: KeyError: 'lr'",
+}
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A real torchrun run of KEY_ERROR_SCRIPT for each of LOG_MODES, run side by side: each one's folder, with
+    torchrun's own output in launcher.log and the ranks' files (when it writes them) under ranks/."""
+    root = tmp_path_factory.mktemp("captured")
+    script = root / "key_error.py"
+    script.write_text(KEY_ERROR_SCRIPT)
+    agents = {mode: _torchrun(root / mode, script, options) for mode, options in LOG_MODES.items()}
+    for mode, agent in agents.items():
+        assert agent.wait(timeout=120) == 1, (root / mode / "launcher.log").read_text()
+    return {mode: root / mode for mode in agents}
+
+
+def _torchrun(folder: Path, script: Path, options: list[str]) -> subprocess.Popen[bytes]:
+    folder.mkdir()
+    log_dir = ["--log-dir", str(folder / "ranks")] if options else []
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               "--max-restarts", "0", *log_dir, *options, str(script)]  # fmt: skip
+    with open(folder / "launcher.log", "wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
+
+
+def logs_of(folder: Path) -> list[LogText]:
+    """A captured run's logs as the service reads them: each rank's files, then torchrun's own output."""
+    ranks = [LogText(int(p.parent.name), p.stem, p.read_text(), p.stat().st_mtime)
+             for p in sorted(folder.glob("ranks/*/attempt_0/*/*.log"))]  # fmt: skip
+    launcher = folder / "launcher.log"
+    return [*ranks, LogText(None, "stdout", launcher.read_text(), launcher.stat().st_mtime)]
+
+
+def srun_label(text: str, task: int = 0, width: int = 1) -> str:
+    """`text` as `srun --label` writes a task's output into Slurm's output file: "%*d: " before every line."""
+    return "".join(f"{task:>{width}}: {line}" for line in text.splitlines(keepends=True))
+
+
+@pytest.mark.parametrize("mode", [*LOG_MODES, "srun-label"])
+def test_a_keyerror_on_rank_1_is_explained_first_whatever_prefixes_its_lines(
+    captured: dict[str, Path], mode: str
+) -> None:
+    """Each prefix is stripped exactly, its space included: the exception line is no frame, and rank 0's lost peer
+    follows rank 1's error. srun --label's form is the --tee run's own output labelled as srun does for one task."""
+    logs = logs_of(captured["tee" if mode == "srun-label" else mode])
+    if mode == "srun-label":
+        logs = [LogText(None, "stdout", srun_label(logs[-1].text))]  # Slurm's output file holds it alone
+    assert any(KEY_ERROR_AS_WRITTEN[mode] in log.text.splitlines() for log in logs)
+
+    found = diagnose(logs)
+    assert [(d.kind, d.rank) for d in found] == [("exception", 1), ("peer_lost", 0)]
+    error, lost = found
+    assert error.line == "KeyError: 'lr'" and error.ranks == [1] and error.traceback is not None
+    assert error.traceback.startswith("Traceback (most recent call last):\n  File ")
+    assert error.traceback.endswith("\n    config[\"lr\"]\n    ~~~~~~^^^^^^\nKeyError: 'lr'")
+    assert "Connection closed by peer" in lost.line and "dist.barrier()" in (lost.traceback or "")
+    in_own_files = mode in ("tee", "redirects")  # the --tee copy in torchrun's output is not read twice
+    assert (error.log_rank, error.stream) == ((1, "stderr") if in_own_files else (None, "stdout"))
+
+
+def test_a_failed_runs_panel_opens_on_the_log_of_the_rank_that_failed(
+    client: TestClient, run_id: int, captured: dict[str, Path]
+) -> None:
+    run_dir: Path = client.app.state.settings.shared / "logs" / f"run-{run_id}"  # type: ignore[attr-defined]
+    shutil.copytree(captured["redirects"], run_dir)  # as copy2 copies: each file keeps when it last changed
+    move_run(client, run_id, RunStatus.failed)
+
+    found = client.get(f"/api/runs/{run_id}/diagnoses").json()
+    assert [(d["kind"], d["rank"], d["log_rank"], d["stream"]) for d in found] == [
+        ("exception", 1, 1, "stderr"), ("peer_lost", 0, 0, "stderr"),
+    ]  # fmt: skip
+    panel = client.get(f"/runs/{run_id}/logs").text
+    assert '<option value="1" selected>' in panel and '<option value="stderr" selected>' in panel
+    assert panel.index("Python exception: KeyError") < panel.index("Lost a peer")
+    assert "Show rank 1's stderr" in panel
+
+
+CAPTURED = Path(__file__).parent / "captured"
+
+
+def captured_file(name: str) -> str:
+    """A log committed as it was captured from a real run, without the header that says how."""
+    return (CAPTURED / name).read_text().split("# ---\n", 1)[1]
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        lambda task: f"{task}: ",  # as captured: two tasks
+        lambda task: f"{task:>2}: ",  # srun pads to the widest task's number: ten tasks or more
+        lambda task: f"P0 {task}: ",  # a heterogeneous job's first component
+    ],
+    ids=["as-captured", "padded", "heterogeneous"],
+)
+def test_slurms_output_of_two_labelled_agents_leads_with_the_rank_that_failed(label: Callable[[int], str]) -> None:
+    """Both agents' torchrun name a root cause, each its own rank, at the same second: rank 0 only lost its peer."""
+    text = re.sub(r"^(\d+): ", lambda m: label(int(m[1])), captured_file("srun_label_two_agents.out"), flags=re.M)
+    assert root_cause_ranks([LogText(None, "stdout", text)]) == {0, 1}
+    found = diagnose([LogText(None, "stdout", text)])
+    assert [(d.kind, d.rank, d.log_rank) for d in found] == [("exception", 1, None), ("peer_lost", 0, None)]
+    assert found[0].line == "KeyError: 'lr'" and found[0].traceback is not None
+    assert found[0].traceback.splitlines() == [
+        "Traceback (most recent call last):", '  File "/tmp/cap/slurm/fail2.py", line 11, in <module>',
+        '    config["lr"]', "    ~~~~~~^^^^^^", "KeyError: 'lr'",
+    ]  # fmt: skip
+
+
+# torchrun's report when a rank died without a word (copied from a capture above, the rank killed by SIGKILL).
+KILLED_REPORT = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+fail.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_02:32:02
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4453)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4453
+============================================================
+"""
+
+
+def test_a_failed_runs_panel_without_a_recognised_failure_opens_on_the_root_cause_ranks_stderr(
+    client: TestClient, run_id: int
+) -> None:
+    run_dir: Path = client.app.state.settings.shared / "logs" / f"run-{run_id}"  # type: ignore[attr-defined]
+    for rank in (0, 1):
+        (run_dir / "ranks" / "x_1" / "attempt_0" / str(rank)).mkdir(parents=True)
+        (run_dir / "ranks" / "x_1" / "attempt_0" / str(rank) / "stdout.log").write_text(f"rank {rank} step 1\n")
+    (run_dir / "launcher.log").write_text(KILLED_REPORT)
+    move_run(client, run_id, RunStatus.failed)
+    assert client.get(f"/api/runs/{run_id}/diagnoses").json() == []
+    panel = client.get(f"/runs/{run_id}/logs").text
+    assert '<option value="1" selected>' in panel and '<option value="stderr" selected>' in panel
 
 
 def test_a_stopped_torchrun_is_no_failure(tmp_path: Path) -> None:

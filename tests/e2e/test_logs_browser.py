@@ -13,10 +13,19 @@ from tests.live import LiveServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-TRACEBACK = """Traceback (most recent call last):
-  File "/data/train.py", line 42, in <module>
-    batch = next(loader)
-ValueError: bad batch shape (3, 4)
+# As torch 2.13 writes an uncaught exception once init_process_group ran: "[rank<n>]: " before each line.
+TRACEBACK = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "/data/train.py", line 42, in <module>
+[rank1]:     batch = next(loader)
+[rank1]: ValueError: bad batch shape (3, 4)
+"""
+# What rank 0 then writes (gloo's words, from a real torchrun run of torch 2.13): a consequence of rank 1's death.
+LOST_PEER = """[rank0]: Traceback (most recent call last):
+[rank0]:   File "/data/train.py", line 57, in <module>
+[rank0]:     dist.barrier()
+[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by \
+peer [127.0.0.1]:15077. This is typically caused by a remote worker crashing. Check the logs of the remote worker \
+before reporting an error. GLHF!
 """
 
 
@@ -58,14 +67,17 @@ def test_follow_a_ranks_log_live_switch_rank_filter_and_read_what_went_wrong(
         expect(page.locator("#log-status")).to_have_attribute("data-state", "ended", timeout=30_000)
         expect(page.locator(".explain")).to_have_count(0)  # stopped on request: nothing went wrong
 
-    # A failure written into rank 1's stderr is recognised, explained, and its log is one click away.
-    stderr = next(Path(live_server.root, "shared", "logs", f"run-{run['id']}", "ranks").glob("*/attempt_*/1"))
-    with open(stderr / "stderr.log", "a") as f:
-        f.write(TRACEBACK)
+    # A failure written into rank 1's stderr is recognised, explained, and its log is one click away; rank 0's lost
+    # peer, though its log changed first, is listed after it.
+    attempt = next(Path(live_server.root, "shared", "logs", f"run-{run['id']}", "ranks").glob("*/attempt_*"))
+    for rank, text in ((0, LOST_PEER), (1, TRACEBACK)):
+        with open(attempt / str(rank) / "stderr.log", "a") as f:
+            f.write(text)
     page.reload()
     explain = page.locator(".explain")
     expect(explain).to_contain_text("What went wrong")
-    expect(explain).to_contain_text("ValueError: bad batch shape (3, 4)")
+    expect(explain.locator(".diagnosis").first).to_contain_text("ValueError: bad batch shape (3, 4)")
+    expect(explain.locator(".diagnosis").nth(1)).to_have_attribute("data-kind", "peer_lost")
     expect(page.get_by_label("Rank")).to_have_value("1")  # the panel opens on the rank that failed
     expect(page.get_by_label("Stream")).to_have_value("stderr")
     expect(lines).to_contain_text("batch = next(loader)")
