@@ -86,12 +86,13 @@ class SchemaMismatch(RankboardError):
 
 
 class SeriesNotFound(RankboardError):
-    """The run has no metric of that key."""
+    """The run has no metric of that key; the message lists those it has (a typo is the usual cause)."""
 
     status_code = 404
 
-    def __init__(self, run_id: int, key: str) -> None:
-        super().__init__(f"run {run_id} has no metric {key!r}")
+    def __init__(self, run_id: int, key: str, keys: list[str]) -> None:
+        listed = ", ".join(keys[:30]) + (f" and {len(keys) - 30} more" if len(keys) > 30 else "")
+        super().__init__(f"run {run_id} has no metric {key!r}; its metrics: {listed or 'none yet'}")
 
 
 class NotAuthenticated(RankboardError):

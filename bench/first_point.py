@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.live import LiveServer, wait_for
+from tests.live import LiveServer, points, wait_for
 
 
 def one_run(server: LiveServer) -> dict[str, float]:
@@ -26,7 +26,7 @@ def one_run(server: LiveServer) -> dict[str, float]:
             run = api.get(f"/api/runs/{run_id}").json()
             if run["status"] != "queued":
                 marks.setdefault("torchrun started", now)
-            if api.get(f"/api/runs/{run_id}/metrics/loss", params={"limit": 1}).json()["points"]:
+            if points(api, run_id, "loss", limit=1):
                 marks.setdefault("first point stored", now)
             return "first point stored" in marks
 

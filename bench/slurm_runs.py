@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.live import LiveServer, wait_for
+from tests.live import LiveServer, points, wait_for
 from tests.slurm import slurm_cluster
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -32,7 +32,7 @@ def one_run(server: LiveServer, **options: object) -> dict[str, float]:
             now = time.perf_counter() - start
             if api.get(f"/api/runs/{run_id}").json()["status"] == "running":
                 marks.setdefault("running", now)
-            if api.get(f"/api/runs/{run_id}/metrics/loss", params={"limit": 1}).json()["points"]:
+            if points(api, run_id, "loss", limit=1):
                 marks.setdefault("first loss stored", now)
             return len(marks) == 2
 

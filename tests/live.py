@@ -143,6 +143,15 @@ def run_processes(root: Path) -> list[int]:
     ]
 
 
+def points(api: httpx.Client, run_id: int, key: str, limit: int = 100_000) -> list[dict]:
+    """A series' points, up to `limit`; none while the run has not reported the key (a 404 that names it)."""
+    answer = api.get(f"/api/runs/{run_id}/metrics/{key}", params={"limit": limit})
+    if answer.status_code == 404 and "has no metric" in answer.text:
+        return []
+    answer.raise_for_status()
+    return answer.json()["points"]  # type: ignore[no-any-return]
+
+
 def wait_for(predicate: Callable[[], T | None], timeout: float, interval: float = 0.2, what: str = "condition") -> T:
     """Polls `predicate` until it returns something truthy; fails the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout

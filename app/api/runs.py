@@ -18,7 +18,7 @@ from app.deps import (
     SessionDep,
     SettingsDep,
 )
-from app.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound
+from app.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound, SeriesNotFound
 from app.models import Run, RunStatus
 from app.params import (
     ArchivedView,
@@ -182,7 +182,7 @@ async def ingest(run_id: RunId, request: Request, token: Annotated[str, Depends(
     return Response(result.model_dump_json(exclude_defaults=True), media_type="application/json")
 
 
-@router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut, responses=documented(RunNotFound),
+@router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut, responses=documented(RunNotFound, SeriesNotFound),
             summary="A metric series by step range")  # fmt: skip
 def read_series(
     run_id: RunId,

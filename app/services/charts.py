@@ -38,7 +38,7 @@ def chart(
         runs.get_run(db, run_id=run_id)
         series_id = metric_store.find_series(db, run_id=run_id, key=key)
         if series_id is None:
-            raise SeriesNotFound(run_id, key)
+            raise SeriesNotFound(run_id, key, metric_store.series_keys(db, run_id=run_id))
         first, last = chunks.step_range(db, series_id=series_id) or (0, 0)
         if start_step is None:
             start_step = first if end_step is None else min(first, end_step)

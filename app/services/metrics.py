@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.errors import InvalidToken, RunNotActive
+from app.errors import InvalidToken, RunNotActive, SeriesNotFound
 from app.models import Run, RunStatus, utcnow
 from app.schemas import BatchIn, IngestResult, PointOut, SeriesOut
 from app.services import dump_requests, external, nodes, runs
@@ -148,6 +148,8 @@ def read_series(
     """A page of one series by (step, rank) from the cursor (start_step, start_rank); `next_step` and `next_rank`
     continue it."""
     runs.get_run(db, run_id=run_id)
+    if metric_store.find_series(db, run_id=run_id, key=key) is None:
+        raise SeriesNotFound(run_id, key, metric_store.series_keys(db, run_id=run_id))
     points = metric_store.points_in_range(
         db, run_id=run_id, key=key, start_step=start_step, start_rank=start_rank, end_step=end_step, limit=limit + 1
     )

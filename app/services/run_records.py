@@ -37,6 +37,7 @@ class RunsTable:
 
 def runs_table(db: Session, *, query: RunQuery, limit: int, offset: int) -> RunsTable:
     """The runs the query finds, sorted and paged, with their column values (metrics from their summaries)."""
+    _check_metrics_reported(db, query)
     found, total = table_store.page(db, query, limit=limit, offset=offset)
     metrics = [column.metric for column in query.columns if column.metric is not None]
     summaries = table_store.summaries(db, run_ids=[run.id for run in found], keys=metrics)
@@ -51,6 +52,21 @@ def runs_table(db: Session, *, query: RunQuery, limit: int, offset: int) -> Runs
                 row[column.label] = None if summary is None else getattr(summary, f"{column.stat}_value")
         values[run.id] = row
     return RunsTable(found, total, query, values)
+
+
+def _check_metrics_reported(db: Session, query: RunQuery) -> None:
+    """A name that is no field and no metric of any run, while runs have reported others, is a typo (`-val_los`),
+    refused naming it, rather than a table sorted by, or filtered on, nothing. On a store with no metrics yet there
+    is nothing to tell a typo by: a view bookmarked elsewhere (`-loss.min`) still shows its empty table."""
+    named = [("sort", query.sort), *(("filter", c.target) for c in query.conditions)]
+    named += [("columns", column) for column in query.columns]
+    metrics = [(param, aim.metric) for param, aim in named if aim.metric is not None]
+    known = table_store.reported_keys(db, keys=sorted({metric for _param, metric in metrics}))
+    if metrics and not known and not table_store.any_reported(db):
+        return
+    for param, metric in metrics:
+        if metric not in known:
+            raise FieldInvalid(param, f"{param}: {metric!r} is no field of a run, and no run has a metric of that name")
 
 
 def _scalar(value: object) -> Value:

@@ -81,6 +81,18 @@ def page(db: Session, query: RunQuery, *, limit: int, offset: int) -> tuple[Sequ
     return [found[run_id] for run_id in ids], total
 
 
+def reported_keys(db: Session, *, keys: Sequence[str]) -> set[str]:
+    """Which of these metric keys some run has reported (an index lookup each: summaries are keyed (key, run))."""
+    if not keys:
+        return set()
+    return set(db.scalars(select(MetricSummary.key).where(MetricSummary.key.in_(keys)).distinct()))
+
+
+def any_reported(db: Session) -> bool:
+    """Whether any run has reported any metric."""
+    return db.scalar(select(MetricSummary.key).limit(1)) is not None
+
+
 def summaries(db: Session, *, run_ids: Sequence[int], keys: Sequence[str]) -> dict[tuple[int, str], MetricSummary]:
     """The summaries of these runs' series of these keys, by (run, key)."""
     if not run_ids or not keys:

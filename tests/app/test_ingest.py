@@ -141,6 +141,16 @@ def test_a_run_launched_elsewhere_takes_its_ranks_late_batches_for_a_minute_afte
     assert [step for step, _rank, _value in series(client, run_id)] == [1, 2] if status == RunStatus.lost else [1]
 
 
+def test_a_metric_the_run_never_reported_is_a_404_naming_it_and_the_runs_metrics(
+    client: TestClient, run_id: int
+) -> None:
+    post(client, run_id, batch(1) | {"columns": [{"key": "lr", "steps": [1], "values": [0.1], "times": [1.0]}]})
+    typo = client.get(f"/api/runs/{run_id}/metrics/los")
+    assert typo.status_code == 404
+    assert typo.json()["detail"] == f"run {run_id} has no metric 'los'; its metrics: loss, lr"
+    assert [p["step"] for p in client.get(f"/api/runs/{run_id}/metrics/loss").json()["points"]] == [1]
+
+
 def test_series_pages_by_step_range(client: TestClient, run_id: int) -> None:
     post(client, run_id, batch(*range(1, 11)))
     first = client.get(f"/api/runs/{run_id}/metrics/loss", params={"limit": 4}).json()

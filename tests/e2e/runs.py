@@ -12,7 +12,7 @@ from app.launcher import processes
 from app.models import Run, RunStatus
 from app.schemas import RunCreate
 from app.services.runs import hash_token
-from tests.live import LiveServer, run_processes, wait_for
+from tests.live import LiveServer, points, run_processes, wait_for
 
 FINAL = {"succeeded", "failed", "stopped", "lost"}
 
@@ -32,8 +32,7 @@ def wait_status(api: httpx.Client, run_id: int, statuses: set[str], timeout: flo
 
 
 def loss_steps(api: httpx.Client, run_id: int) -> list[tuple[int, float]]:
-    points = api.get(f"/api/runs/{run_id}/metrics/loss", params={"limit": 100_000}).json()["points"]
-    return [(p["step"], p["value"]) for p in points]
+    return [(p["step"], p["value"]) for p in points(api, run_id, "loss")]
 
 
 def output(server: LiveServer, run_id: int) -> str:

@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from app.store import metrics as metric_store
-from tests.live import LiveServer, open_run, wait_for
+from tests.live import LiveServer, open_run, points, wait_for
 from trainer import gpu
 from trainer.report import Reporter
 
@@ -57,7 +57,7 @@ def loss(step: int) -> float:
 
 def stored(server: LiveServer, run_id: int, key: str) -> int:
     with server.api() as api:
-        return len(api.get(f"/api/runs/{run_id}/metrics/{key}", params={"limit": 10_000}).json()["points"])
+        return len(points(api, run_id, key, limit=10_000))
 
 
 def drawn(page: Page, chart: str) -> dict[str, str]:

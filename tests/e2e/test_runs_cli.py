@@ -202,6 +202,9 @@ def test_errors_are_one_line_and_a_non_zero_exit(server: LiveServer) -> None:
     assert timed_out.returncode == 6, timed_out.stderr
     assert re.search(r"^rankboard: run \d+ is still (queued|starting|running) after 0 s$", timed_out.stderr, re.M)
     Client(server.url).stop(int(timed_out.stderr.split()[1]))
+    run = Client(server.url).stop(Client(server.url).create(name="typos", nproc_per_node=1, epochs=100)["id"])
+    typo = one_error_line(rankboard("runs", "metrics", str(run["id"]), "nosuchkey", RANKBOARD_URL=server.url))
+    assert typo.startswith(f"rankboard: 404: run {run['id']} has no metric 'nosuchkey'; its metrics: "), typo
     wrong_type = rankboard("runs", "start", "--epochs", "many", RANKBOARD_URL=server.url)
     assert wrong_type.returncode == 2 and wrong_type.stderr == (
         "rankboard runs start: argument --epochs: invalid int value: 'many' (see rankboard runs start -h)\n"
@@ -268,11 +271,14 @@ def test_list_finds_sorts_and_shows_columns_and_tag_archive_delete_act(server: L
     assert "loss.min=0.2" in lines[0] and "lr=0.001" in lines[0]
     bad = one_error_line(rankboard("runs", "list", "--filter", "loss.min < low", **env))
     assert "loss.min is a number; 'low' is not" in bad
+    unsorted = one_error_line(rankboard("runs", "list", "--sort=-loss.mni", **env))  # a typo: a metric no run has
+    assert "sort: 'loss.mni' is no field of a run, and no run has a metric of that name" in unsorted, unsorted
     assert rankboard("runs", "tag", "keep", str(ids["cli-a"]), str(ids["cli-b"]), **env).stdout == "tagged 2 runs\n"
     tagged = rankboard("runs", "list", "--search", "keep", "--json", **env)
     assert sorted(run["id"] for run in json.loads(tagged.stdout)) == sorted([ids["cli-a"], ids["cli-b"]])
     assert rankboard("runs", "archive", str(ids["cli-a"]), **env).returncode == 0
-    assert str(ids["cli-a"]) not in rankboard("runs", "list", "-q", "cli-", **env).stdout.split()
+    shown = [line.split()[0] for line in rankboard("runs", "list", "-q", "cli-", **env).stdout.splitlines()]
+    assert str(ids["cli-a"]) not in shown  # the ids' column: "step 3" is no run 3
     refused = rankboard("runs", "delete", str(ids["cli-c"]), **env)  # asks; stdin is empty: not deleted
     assert refused.returncode == 1 and "not deleted" in refused.stderr and "3 metric points" in refused.stderr
     deleted = rankboard("runs", "delete", str(ids["cli-c"]), "--yes", **env)

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from app.db import make_engine
 from app.models import RunRank
-from tests.live import LiveServer, open_run, wait_for
+from tests.live import LiveServer, open_run, points, wait_for
 from trainer import gpu, wire
 from trainer.gpu_fake import FakeNvml
 from trainer.report import Reporter
@@ -60,7 +60,7 @@ def reporter(server: LiveServer, run_id: int, spool: Path, rank: int, **options:
 
 def series(server: LiveServer, run_id: int, key: str) -> list[dict[str, Any]]:
     with server.api() as api:
-        return api.get(f"/api/runs/{run_id}/metrics/{key}", params={"limit": 10_000}).json()["points"]  # type: ignore[no-any-return]
+        return points(api, run_id, key, limit=10_000)
 
 
 def run_json(server: LiveServer, run_id: int) -> dict[str, Any]:
