@@ -123,7 +123,8 @@ def run_command(sessions: sessionmaker[Session], args: argparse.Namespace) -> No
             told = f"; password, shown only this once: {made.password}" if made.password else ""
             print(f"added {made.role.value} {made.name}{told}")
         elif (args.command, args.action) == ("users", "list"):
-            table([(user.name, user.role.value, user.created_at) for user in users.list_users(db)])
+            table([(user.name, user.role.value, f"added {user.created_at:%Y-%m-%d %H:%M} UTC")
+                   for user in users.list_users(db)])  # fmt: skip
         elif (args.command, args.action) == ("users", "remove"):
             users.remove_user(db, name=args.name, actor=actor)
             print(f"removed {args.name}")
@@ -139,7 +140,7 @@ def run_command(sessions: sessionmaker[Session], args: argparse.Namespace) -> No
                   f"{new.token.expires_at:%Y-%m-%d}); shown only this once:\n{new.secret}")  # fmt: skip
         elif (args.command, args.action) == ("tokens", "list"):
             table([(t.id, t.name, t.role.value, t.user.name if t.user else "-", f"expires {t.expires_at:%Y-%m-%d}",
-                    f"last used {t.last_used_at:%Y-%m-%d %H:%M}" if t.last_used_at else "never used",
+                    f"last used {t.last_used_at:%Y-%m-%d %H:%M} UTC" if t.last_used_at else "never used",
                     "revoked" if t.revoked_at else "") for t in tokens.list_tokens(db)])  # fmt: skip
         else:
             token = tokens.revoke_token(db, token_id=args.id, actor=actor)

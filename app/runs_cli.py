@@ -381,7 +381,8 @@ def show_run(run: dict[str, Any], args: argparse.Namespace) -> int:
     total = f" of {run['total_steps']}" if run["total_steps"] else ""
     loss = f", final loss {run['final_loss']:.4g}" if isinstance(run.get("final_loss"), float) else ""
     print(f"run {run['id']} {run['name']}: {run['status']} ({run['status_reason'] or 'no reason given'})")
-    print(f"  step {run['step']}{total}, epoch {run['epoch']}/{run['epochs']}{loss}; created {run['created_at']}")
+    created = run["created_at"][:16].replace("T", " ")  # the API's UTC time, to the minute
+    print(f"  step {run['step']}{total}, epoch {run['epoch']}/{run['epochs']}{loss}; created {created} UTC")
     return 0
 
 

@@ -48,7 +48,7 @@ STATES: dict[str, tuple[RunStatus, str]] = {
     "stopping": (RunStatus.stopping, "stop requested: finishing the step, saving"),
     "succeeded": (RunStatus.succeeded, "training finished"),
     "failed": (RunStatus.failed, "torchrun exited with 1 before training finished"),
-    "stopped": (RunStatus.stopped, "stopped on request; torchrun exited with 0"),
+    "stopped": (RunStatus.stopped, "stopped on request"),
     "lost": (RunStatus.lost, "the run's processes disappeared without recording an exit code"),
     "not progressing": (RunStatus.running, "not progressing: no rank has reported a new step"),
     "restarted": (RunStatus.running, "restart 1 of 3: local rank 1 (pid 4242) was killed by SIGKILL"),
@@ -269,10 +269,10 @@ _SETTLE: dict[str, Callable[[Session, Run, Any], None]] = {
     "stopping": _stopping,
     "succeeded": _ended(RunStatus.succeeded, 0, "training finished"),
     "failed": _ended(RunStatus.failed, 1, "torchrun exited with 1 before training finished; see the ranks' output"),
-    "stopped": _ended(RunStatus.stopped, 0, "stopped on request; torchrun exited with 0"),
+    "stopped": _ended(RunStatus.stopped, 0, "stopped on request"),
     "lost": _ended(RunStatus.lost, None, "the run's processes disappeared without recording an exit code"),
     "not progressing": _stale,
-    "resumed": _ended(RunStatus.stopped, 0, "stopped on request; torchrun exited with 0"),
+    "resumed": _ended(RunStatus.stopped, 0, "stopped on request"),
 }
 
 

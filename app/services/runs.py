@@ -18,7 +18,7 @@ from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
-from app.services import alerts, checkpoints, external, files, health, metrics, storage
+from app.services import alerts, checkpoints, external, files, health, logs, metrics, storage
 from app.settings import Settings
 from app.store import audit
 from app.store import metrics as metric_store
@@ -28,6 +28,7 @@ from trainer import wire
 ACTIVE = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
 RESUMABLE = (RunStatus.stopped, RunStatus.failed, RunStatus.lost)
 SCRIPT_WORKLOAD = "script"  # the workload of a run of the user's own script
+NO_REPORTS = "its processes are up; its script reports nothing to the dashboard (no report.log call yet)"
 
 
 def hash_token(token: str) -> str:
@@ -202,6 +203,7 @@ def supervise(
             launcher = launchers.for_run(run)
             _observe(db, run, launcher=launcher)
             _check_active(db, run, launcher=launcher, folders=folders, grace=grace)
+            _note_processes_up(db, run, folders=folders)
             health.record(db, run, now=utcnow(), stall_after=stall_after)  # only a run still running, so alive
         _start_queued(db, watched=watched, launchers=launchers)
         if alert_rules is not None:  # queued runs too: one Slurm refused fails here, one resumed clears its alert
@@ -241,6 +243,24 @@ def _check_active(db: Session, run: Run, *, launcher: Launcher, folders: RunFold
         run_store.set_status(db, run, RunStatus.stopping, f"grace period over: killed {killed} processes")
     else:
         _record_restarts(db, run, launcher=launcher)
+
+
+def _note_processes_up(db: Session, run: Run, *, folders: RunFolders) -> None:
+    """A script of the user's that reports nothing would stay `starting` for its whole life: it is `running` once its
+    ranks' processes are up, which torchrun's --log-dir shows as it starts them (a folder each, made this launch)."""
+    if run.status != RunStatus.starting or run.workload != SCRIPT_WORKLOAD or run.started_at is None:
+        return
+    launched = run.started_at.timestamp()
+    ranks = logs.rank_folders(folders.run_dir(run) / "ranks", nproc_per_node=run.nproc_per_node)
+    if any(_changed_since(rank.path, launched) for rank in ranks):
+        run_store.set_status(db, run, RunStatus.running, NO_REPORTS)
+
+
+def _changed_since(path: Path, when: float) -> bool:
+    try:
+        return path.stat().st_mtime >= when
+    except OSError:  # removed meanwhile
+        return False
 
 
 def _requeued(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders) -> bool:
@@ -301,8 +321,9 @@ def final_status(
         # torch 2.13 with gloo sometimes aborts a rank after the last step; the trainer's marker is the truth.
         return RunStatus.succeeded, f"training finished (torchrun then exited with {exit_code})"
     if stop_requested:
-        how = "the processes were killed" if exit_code is None else f"torchrun exited with {exit_code}"
-        return RunStatus.stopped, f"stopped on request; {how}"
+        # torchrun exits 1 after passing SIGTERM on to ranks that then checkpoint and exit: said, it reads as an error.
+        killed = "; its processes did not end within the grace period and were killed" if exit_code is None else ""
+        return RunStatus.stopped, f"stopped on request{killed}"
     if verdict is not None:
         return verdict
     if exit_code == 0:

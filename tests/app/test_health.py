@@ -200,3 +200,15 @@ def test_a_script_that_only_logs_is_watched_by_its_steps_and_not_by_its_gpu_samp
 
     post(client, run_id, wire.Batch((wire.Point("loss", 8, 0.1),)).to_json())
     assert health(client, run_id)["state"] == "ok"
+
+
+def test_a_script_that_never_reported_is_not_called_stalled_however_long_it_runs(client: TestClient) -> None:
+    """Its silence is how it runs (it does not use the client); one that reported and fell silent is flagged."""
+    run_id = running_run(client)
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).started_at = utcnow() - timedelta(hours=2)
+    assert client.get(f"/api/runs/{run_id}/health").json()["state"] == "ok"
+    post(client, run_id, wire.Batch((wire.Point("loss", 3, 0.5),)).to_json())
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.get(Run, run_id).heartbeat_at = utcnow() - timedelta(hours=1)
+    assert client.get(f"/api/runs/{run_id}/health").json()["state"] == "not_progressing"

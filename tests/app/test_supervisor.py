@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from app.launcher import processes
-from app.models import Alert, Run, RunStatus
+from app.models import Alert, Run, RunStatus, utcnow
 from app.services import runs as runs_service
 from app.services.runs import ACTIVE, final_status
 from app.store.runs import runs_to_supervise
@@ -148,22 +149,27 @@ def test_a_run_whose_processes_vanished_without_an_exit_record_is_lost(client: T
 
 
 @pytest.mark.parametrize(
-    ("exit_code", "stop_requested", "trainer_finished", "status"),
+    ("exit_code", "stop_requested", "trainer_finished", "status", "reason"),
     [
-        (0, False, True, RunStatus.succeeded),
-        (1, False, True, RunStatus.succeeded),  # gloo's rare abort after the last step: the marker decides
-        (1, True, False, RunStatus.stopped),  # torchrun exits 1 after passing SIGTERM on
-        (None, True, False, RunStatus.stopped),  # killed after the grace period
-        (1, False, False, RunStatus.failed),
-        (0, False, False, RunStatus.succeeded),  # a user's own script exits 0 and writes no marker
-        (None, False, False, RunStatus.lost),
+        (0, False, True, RunStatus.succeeded, "training finished"),
+        # gloo's rare abort after the last step: the marker decides
+        (1, False, True, RunStatus.succeeded, "training finished (torchrun then exited with 1)"),
+        (1, True, False, RunStatus.stopped, "stopped on request"),  # torchrun exits 1 after passing SIGTERM on
+        (None, True, False, RunStatus.stopped,
+         "stopped on request; its processes did not end within the grace period and were killed"),
+        (1, False, False, RunStatus.failed, "torchrun exited with 1 before training finished; see the ranks' output"),
+        (0, False, False, RunStatus.succeeded, "torchrun exited with 0"),  # a user's own script writes no marker
+        (None, False, False, RunStatus.lost, "the run's processes disappeared without recording an exit code"),
     ],
-)
-def test_final_status(exit_code: int | None, stop_requested: bool, trainer_finished: bool, status: RunStatus) -> None:
-    decided, reason = final_status(
-        exit_code=exit_code, stop_requested=stop_requested, trainer_finished=trainer_finished
+)  # fmt: skip
+def test_final_status(
+    exit_code: int | None, stop_requested: bool, trainer_finished: bool, status: RunStatus, reason: str
+) -> None:
+    """How a run ended, in words that read as what happened: a graceful stop is no error (torchrun's exit 1 then)."""
+    assert final_status(exit_code=exit_code, stop_requested=stop_requested, trainer_finished=trainer_finished) == (
+        status,
+        reason,
     )
-    assert decided == status and reason
 
 
 def test_a_run_that_ended_while_the_server_was_away_shows_the_progress_its_trainer_spooled(client: TestClient) -> None:
@@ -191,3 +197,25 @@ def test_a_run_that_ended_while_the_server_was_away_shows_the_progress_its_train
     )
     assert (run["epoch"], run["step"], run["total_steps"], run["samples_per_s"]) == (2, 2048, 2048, 500.0)
     assert run["final_loss"] == pytest.approx(1 / 2048)
+
+
+@pytest.mark.parametrize(("workload", "made", "status"), [
+    ("script", timedelta(seconds=1), "running"),  # its ranks' log folders, made this launch: its processes are up
+    ("script", -timedelta(hours=1), "starting"),  # folders of an earlier launch of the run say nothing of this one
+    ("mlp", timedelta(seconds=1), "starting"),  # the built-in trainer reports: it is running at its first report
+])  # fmt: skip
+def test_a_script_that_reports_nothing_is_running_once_its_processes_are_up(
+    client: TestClient, workload: str, made: timedelta, status: str
+) -> None:
+    run_id = started_run(client)
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        run = db.get(Run, run_id)
+        run.status, run.workload, run.started_at = RunStatus.starting, workload, utcnow() - timedelta(minutes=5)
+    worker = run_dir(client, run_id) / "ranks" / "rdzv_1" / "attempt_0" / "0"
+    worker.mkdir(parents=True)
+    stamp = (utcnow() - timedelta(minutes=5) + made).timestamp()
+    os.utime(worker, (stamp, stamp))
+    shown = tick(client)
+    assert shown["status"] == status
+    if status == "running":
+        assert shown["status_reason"] == runs_service.NO_REPORTS

@@ -79,6 +79,11 @@ def test_json_output_parses_and_says_what_the_api_says(server: LiveServer, tmp_p
     assert run["id"] in {r["id"] for r in listed}
     got = json.loads(rankboard("runs", "get", str(run["id"]), "--json", RANKBOARD_URL=server.url).stdout)
     assert got["status"] == "succeeded" and got["events"]
+    said = rankboard("runs", "get", str(run["id"]), RANKBOARD_URL=server.url).stdout.splitlines()
+    assert said[0] == f"run {run['id']} short: succeeded (training finished)"
+    assert re.fullmatch(
+        r"  step 128 of 128, epoch 1/1, final loss [\d.]+; created \d{4}-\d\d-\d\d \d\d:\d\d UTC", said[1]
+    )
     points = json.loads(rankboard("runs", "metrics", str(run["id"]), "loss", "--json", RANKBOARD_URL=server.url).stdout)
     assert [p["step"] for p in points] == list(range(1, 129)) and points == client.series(run["id"], "loss")
     csv = rankboard("runs", "metrics", str(run["id"]), "loss", "--csv", RANKBOARD_URL=server.url).stdout.splitlines()

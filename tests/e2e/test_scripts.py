@@ -53,3 +53,17 @@ def test_a_script_that_crashes_at_import_fails_with_its_traceback_on_the_page(li
         page = api.get(f"/runs/{run['id']}").text
     assert "No module named &#39;a_module_that_is_not_installed&#39;" in page  # each rank's last lines
     assert "Traceback (most recent call last)" in output(live_server, run["id"])
+
+
+def test_a_script_that_reports_nothing_is_running_once_its_processes_are_up(live_server: LiveServer) -> None:
+    """Before, such a run said `starting` for its whole life; and its silence is no sign that it hangs."""
+    (live_server.root / "shared" / "silent.py").write_text("import time\ntime.sleep(6)\nprint('done')\n")
+    with live_server.api() as api:
+        run = create(api, script="silent.py", nproc_per_node=1)
+        running = wait_status(api, run["id"], {"running", *FINAL}, timeout=60)
+        assert running["status"] == "running", running
+        assert running["status_reason"] == "its processes are up; its script reports nothing to the dashboard " \
+                                           "(no report.log call yet)"  # fmt: skip
+        assert api.get(f"/api/runs/{run['id']}/health").json()["state"] == "ok"
+        done = wait_status(api, run["id"], FINAL, timeout=60)
+    assert done["status"] == "succeeded", done["status_reason"]
