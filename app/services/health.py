@@ -110,9 +110,9 @@ def _last_sign(row: RunRank, run: Run) -> datetime:
 
 
 def _run_level(run: Run, *, now: datetime, stall_after: timedelta) -> Health:
-    """For a trainer whose ranks send no heartbeats of their own (a script reporting only from rank 0). A script that
-    never reported cannot be judged: its silence is how it runs."""
-    last = run.heartbeat_at
+    """For a trainer whose ranks send no heartbeats of their own (a script reporting only from rank 0). A script of
+    the user's that never reported cannot be judged: its silence is how it runs (the built-in trainer reports)."""
+    last = run.heartbeat_at or (None if run.script else run.started_at)
     if last is None or now - last <= stall_after:
         return OK
     return Health("not_progressing", f"Not progressing: no report from the trainer for {duration(now - last)} "

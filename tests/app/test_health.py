@@ -206,7 +206,8 @@ def test_a_script_that_never_reported_is_not_called_stalled_however_long_it_runs
     """Its silence is how it runs (it does not use the client); one that reported and fell silent is flagged."""
     run_id = running_run(client)
     with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        db.get(Run, run_id).started_at = utcnow() - timedelta(hours=2)
+        run = db.get(Run, run_id)
+        run.started_at, run.workload, run.script = utcnow() - timedelta(hours=2), "script", "silent.py"
     assert client.get(f"/api/runs/{run_id}/health").json()["state"] == "ok"
     post(client, run_id, wire.Batch((wire.Point("loss", 3, 0.5),)).to_json())
     with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
