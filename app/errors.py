@@ -79,6 +79,12 @@ class NotACheckpoint(FieldInvalid):
         super().__init__(field, message)
 
 
+class MethodNotAllowed(RankboardError):
+    """The path takes other methods; the response's Allow header lists them."""
+
+    status_code = 405
+
+
 class SchemaMismatch(RankboardError):
     """The database's schema is not the one this code was written for; raised at start-up, never per request."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,12 +15,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
 
 from app import __version__, logs_pages, pages, run_records_pages, users_pages
 from app.alert_sender import AlertSender
 from app.api import alerts as alerts_api
 from app.api import charts as charts_api
-from app.api import exposition, guarded, health
+from app.api import exposition, guarded, health, with_security
 from app.api import files as files_api
 from app.api import forensics as forensics_api
 from app.api import goodput as goodput_api
@@ -29,7 +32,7 @@ from app.api import users as users_api
 from app.auth.guard import AuthSwitch, Guard
 from app.auth.throttle import LoginThrottle
 from app.db import make_engine, make_sessionmaker, prepare_schema
-from app.errors import FieldInvalid, FormInvalid, LoginThrottled, RankboardError
+from app.errors import FieldInvalid, FormInvalid, LoginThrottled, MethodNotAllowed, RankboardError
 from app.folders import RunFolders
 from app.ingest_threads import IngestThreads
 from app.launcher.launchers import Launchers
@@ -121,6 +124,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(run_records_pages.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_exception_handler(405, _method_not_allowed)  # type: ignore[arg-type]
+    document = app.openapi
+    app.openapi = lambda: app.openapi_schema or with_security(document())  # type: ignore[method-assign]
     return app
 
 
@@ -154,7 +160,11 @@ def _location(request: Request, field: str) -> str:
 
 
 async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
-    """FastAPI's 422 under /api; on a page, the error page naming the first wrong parameter."""
+    """FastAPI's 422 under /api; on a page, the error page naming the first wrong parameter. A path that is another
+    route's own (PATCH /api/runs/bulk, taken by PATCH /api/runs/{run_id} as a run id) is that route's: 405."""
+    allowed = _methods(request)
+    if any(error["loc"][0] == "path" for error in exc.errors()) and _literal_route(request) and allowed:
+        return _method_not_allowed(request, HTTPException(405))
     if request.url.path.startswith("/api"):
         return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
     error = exc.errors()[0]
@@ -172,3 +182,35 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list):
         return [_json_safe(item) for item in value]
     return value
+
+
+def _method_not_allowed(request: Request, exc: HTTPException) -> Response:
+    """A 405 whose Allow lists every method of the path: Starlette names those of the first route that matched it
+    only, though GET, PATCH and DELETE of /api/runs/{id} are three routes."""
+    allow = ", ".join(sorted(_methods(request) or (exc.headers or {}).get("Allow", "").split(", ")))
+    response = _error_response(request, MethodNotAllowed(f"{request.method} is not allowed here; allowed: {allow}"))
+    response.headers["Allow"] = allow
+    return response
+
+
+def _methods(request: Request) -> set[str]:
+    """Every method the API documents at the request's path (HEAD with GET, as Starlette answers it): a path that
+    is documented as it is (/api/runs/bulk) is that one's, not also a template's that takes it (/api/runs/{id})."""
+    paths, path = request.app.openapi()["paths"], request.url.path
+    fits = [path] if path in paths else [template for template in paths if _template(template).fullmatch(path)]
+    found = {method.upper() for template in fits for method in paths[template]}
+    return found | ({"HEAD"} if "GET" in found else set())
+
+
+@functools.cache
+def _template(path: str) -> re.Pattern[str]:
+    """A documented path as a pattern: {name} takes one segment, {name:path} the rest."""
+    parts = re.split(r"(\{[^}]+\})", path)
+    segment = {True: ".+", False: "[^/]+"}
+    return re.compile("".join(segment[part.endswith(":path}")] if part.startswith("{") else re.escape(part)
+                              for part in parts))  # fmt: skip
+
+
+def _literal_route(request: Request) -> bool:
+    """Whether a documented path, without parameters, is the request's."""
+    return request.url.path in request.app.openapi()["paths"]

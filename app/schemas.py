@@ -869,3 +869,38 @@ class RunDeletionOut(BaseModel):
     folders: list[RunFolderOut] = Field(description="The run's own folders (with files=true), and their sizes.")
     bytes: int
     deleted: bool
+
+
+class ComparedRunOut(BaseModel):
+    """One compared run, as the comparison's summary shows it."""
+
+    id: int
+    name: str
+    status: RunStatus
+    step: int
+    total_steps: int
+    duration_s: float | None = Field(description="Since its latest launch, up to its end; null before any launch.")
+    tags: list[str]
+
+
+class ComparedOptionOut(BaseModel):
+    name: str
+    values: list[str] = Field(description="Each run's value, in the runs' order, as the New-run form writes it.")
+    differs: bool
+
+
+class ComparedMetricOut(BaseModel):
+    """A metric every compared run has: each run's last value, minimum and maximum, in the runs' order."""
+
+    key: str
+    last: list[MetricValue | None]
+    min: list[MetricValue | None]
+    max: list[MetricValue | None]
+
+
+class CompareOut(BaseModel):
+    """What the compare page shows; its charts read GET /api/runs/{id}/chart?key=... for each run and metric."""
+
+    runs: list[ComparedRunOut]
+    options: list[ComparedOptionOut]
+    metrics: list[ComparedMetricOut] = Field(description="The metrics every one of the runs has, by key.")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel
 
+from app.auth.guard import SESSION_COOKIE
+from app.auth.policy import is_public
 from app.errors import NotAllowed, NotAuthenticated, RankboardError
 from app.schemas import ErrorOut
 
@@ -50,3 +53,30 @@ def request_body(model: type[BaseModel]) -> dict[str, Any]:
 def guarded() -> dict[int | str, dict[str, Any]]:
     """What app.auth.guard may answer before any route runs, for the routes that need a caller."""
     return documented(NotAuthenticated, NotAllowed)
+
+
+SECURITY_SCHEMES = {
+    "apiToken": {"type": "http", "scheme": "bearer", "description": "An API token (`rankboard tokens create`), "
+                 "needed once the server has a user; without one, whoever reaches it (loopback) may do everything."},
+    "session": {"type": "apiKey", "in": "cookie", "name": SESSION_COOKIE, "description": "A logged-in browser's."},
+    "runToken": {"type": "http", "scheme": "bearer", "description": "The run's own token: the launcher gives it to "
+                 "its trainer (RANKBOARD_TOKEN); a process of a run launched elsewhere gets one when it joins."},
+}  # fmt: skip
+_PARAMETER = re.compile(r"\{[^}]+\}")
+
+
+def with_security(document: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI document with what each operation needs, as app.auth.policy decides it (the guard is middleware,
+    which FastAPI does not see), so that a generated client sends a token: an API token or a session, the run's own
+    token for a trainer's ingest, or nothing."""
+    document.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+    for path, operations in document["paths"].items():
+        concrete = _PARAMETER.sub("1", path)
+        for method, operation in operations.items():
+            if not is_public(method.upper(), concrete):
+                operation["security"] = [{"apiToken": []}, {"session": []}]
+            elif path.startswith("/api/runs/"):  # the ingest of metrics and dumps
+                operation["security"] = [{"runToken": []}]
+            else:
+                operation["security"] = []
+    return document

@@ -33,7 +33,7 @@ def latest_dump(run_id: RunId, db: SessionDep, folders: FoldersDep, settings: Se
 
 
 @router.post("/{run_id}/desync", status_code=201, response_model=RunDetail,
-             responses=documented(RunNotFound, FieldInvalid),
+             responses=documented(RunNotFound, RunNotActive, FieldInvalid),
              summary="Start a copy of the run with TORCH_DISTRIBUTED_DEBUG=DETAIL and a short timeout")  # fmt: skip
 def rerun_with_desync_checks(
     run_id: RunId, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep,

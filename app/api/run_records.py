@@ -8,14 +8,14 @@ from app.api import UNREADABLE_BODY, documented
 from app.deps import CallerDep, FoldersDep, SessionDep
 from app.errors import FieldInvalid, RunNotActive, RunNotFound
 from app.models import Run
-from app.params import RunId
-from app.schemas import BulkIn, BulkOut, RunDeletionOut, RunDetail, RunLabels
-from app.services import run_deletion, run_records
+from app.params import CompareRuns, RunId
+from app.schemas import BulkIn, BulkOut, CompareOut, RunDeletionOut, RunDetail, RunLabels
+from app.services import compare, run_deletion, run_records
 
-router = APIRouter(prefix="/api/runs", tags=["runs"])
+router = APIRouter(prefix="/api", tags=["runs"])
 
 
-@router.patch("/{run_id}", response_model=RunDetail,
+@router.patch("/runs/{run_id}", response_model=RunDetail,
               responses={**documented(RunNotFound, FieldInvalid), **UNREADABLE_BODY},
               summary="Set a run's tags (replacing them), notes, or archived mark")  # fmt: skip
 def label_run(run_id: RunId, labels: RunLabels, db: SessionDep, caller: CallerDep) -> Run:
@@ -23,7 +23,7 @@ def label_run(run_id: RunId, labels: RunLabels, db: SessionDep, caller: CallerDe
                                  actor=caller.name)  # fmt: skip
 
 
-@router.delete("/{run_id}", response_model=RunDeletionOut, responses=documented(RunNotFound, RunNotActive),
+@router.delete("/runs/{run_id}", response_model=RunDeletionOut, responses=documented(RunNotFound, RunNotActive),
                summary="Delete a finished run and its metrics (files=true: its own folders too; dry_run tells the "
                        "cost)")  # fmt: skip
 def delete_run(
@@ -34,10 +34,17 @@ def delete_run(
     return run_deletion.delete_run(db, run_id=run_id, folders=folders, files=files, actor=caller.name)
 
 
-@router.post("/bulk", response_model=BulkOut, responses={**documented(RunNotFound, FieldInvalid), **UNREADABLE_BODY},
+@router.post("/runs/bulk", response_model=BulkOut,
+             responses={**documented(RunNotFound, FieldInvalid), **UNREADABLE_BODY},
              summary="Tag, untag, archive, unarchive or delete many runs")  # fmt: skip
 def bulk(body: BulkIn, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> BulkOut:
     if body.action == "delete":
         done, refused = run_deletion.delete_runs(db, run_ids=body.runs, folders=folders, actor=caller.name)
         return BulkOut(done=done, refused={str(k): v for k, v in refused.items()})
     return BulkOut(done=run_records.bulk(db, run_ids=body.runs, action=body.action, tag=body.tag, actor=caller.name))
+
+
+@router.get("/compare", response_model=CompareOut, responses=documented(RunNotFound, FieldInvalid),
+            summary="2 to 10 runs side by side: each one's summary, their options, their common metrics")  # fmt: skip
+def compare_runs(run: CompareRuns, db: SessionDep) -> CompareOut:
+    return compare.compare_out(db, run_ids=run)

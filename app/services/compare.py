@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from app.errors import FieldInvalid
 from app.forms import as_form_text
 from app.models import MetricSummary, Run
-from app.run_query import NOT_COLUMNS
-from app.schemas import RunCreate
+from app.run_query import NOT_COLUMNS, STATS
+from app.schemas import ComparedMetricOut, ComparedOptionOut, ComparedRunOut, CompareOut, RunCreate
 from app.services import runs
 from app.store import metrics as metric_store
 from app.store import run_table as table_store
@@ -65,3 +65,22 @@ def compare(db: Session, *, run_ids: Sequence[int]) -> Comparison:
     common = sorted(keys)
     summaries = table_store.summaries(db, run_ids=ids, keys=common)
     return Comparison(found, options, common, summaries, {run.id: runs.elapsed(run) for run in found})
+
+
+def compare_out(db: Session, *, run_ids: Sequence[int]) -> CompareOut:
+    """`compare`, as the API answers it."""
+    found = compare(db, run_ids=run_ids)
+    compared = [
+        ComparedRunOut(id=run.id, name=run.name, status=run.status, step=run.step, total_steps=run.total_steps,
+                       duration_s=duration.total_seconds() if (duration := found.durations[run.id]) else None,
+                       tags=run.tags)
+        for run in found.runs
+    ]  # fmt: skip
+    options = [ComparedOptionOut(name=row.name, values=row.values, differs=row.differs) for row in found.options]
+    return CompareOut(runs=compared, options=options, metrics=[_metric(found, key) for key in found.keys])
+
+
+def _metric(found: Comparison, key: str) -> ComparedMetricOut:
+    summaries = [found.summaries.get((run.id, key)) for run in found.runs]
+    last, low, high = ([getattr(s, f"{stat}_value") if s else None for s in summaries] for stat in STATS)
+    return ComparedMetricOut(key=key, last=last, min=low, max=high)

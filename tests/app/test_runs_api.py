@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -109,3 +111,42 @@ def test_openapi_documents_every_operation(client: TestClient) -> None:
     ]:
         assert path in paths
     assert client.get("/docs").status_code == 200
+
+
+def test_a_method_a_path_does_not_take_is_a_405_whose_allow_lists_every_method_it_takes(client: TestClient) -> None:
+    """Every documented path, with a method it lacks: Starlette named only the first route's methods in Allow, and
+    PATCH /api/runs/bulk was taken by PATCH /api/runs/{run_id} as a run id "bulk" (a 422)."""
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, operations in paths.items():
+        concrete = re.sub(r"\{[^}]+\}", "1", path).replace("/1/1/", "/1/stdout/")  # {rank}/{stream}: a stream
+        takes = {method.upper() for method in operations} | ({"HEAD"} if "get" in operations else set())
+        wrong = next(method for method in ("PUT", "PATCH", "DELETE", "POST") if method not in takes)
+        answer = client.request(wrong, concrete)
+        assert answer.status_code == 405, (wrong, concrete, answer.text)
+        assert set(answer.headers["Allow"].split(", ")) == takes, (wrong, concrete)
+        assert answer.json()["detail"] == f"{wrong} is not allowed here; allowed: {answer.headers['Allow']}"
+    bulk = client.patch("/api/runs/bulk", json={"runs": [1], "action": "tag"})
+    assert (bulk.status_code, bulk.headers["Allow"]) == (405, "POST")
+
+
+def test_the_openapi_document_says_which_operations_need_a_token_so_generated_clients_send_one(
+    client: TestClient,
+) -> None:
+    document = client.get("/openapi.json").json()
+    assert set(document["components"]["securitySchemes"]) == {"apiToken", "session", "runToken"}
+    operations = {(method, path): op for path, ops in document["paths"].items() for method, op in ops.items()}
+    assert operations[("get", "/api/runs")]["security"] == [{"apiToken": []}, {"session": []}]
+    assert operations[("post", "/api/users")]["security"] == [{"apiToken": []}, {"session": []}]
+    assert operations[("post", "/api/runs/{run_id}/metrics")]["security"] == [{"runToken": []}]
+    assert operations[("post", "/api/runs/{run_id}/dumps/{request}")]["security"] == [{"runToken": []}]
+    assert operations[("get", "/api/health")]["security"] == []
+    assert all("security" in operation for operation in operations.values())
+
+
+def test_a_desync_rerun_of_a_run_launched_elsewhere_is_a_documented_409(client: TestClient) -> None:
+    joined = client.post("/api/runs/external", json={"key": "job-d", "name": "elsewhere", "rank": 0, "world_size": 1,
+                                                     "local_world_size": 1, "host": "node-a"}).json()  # fmt: skip
+    refused = client.post(f"/api/runs/{joined['run_id']}/desync")
+    assert refused.status_code == 409 and "rerun it there" in refused.json()["detail"]
+    documented = client.get("/openapi.json").json()["paths"]["/api/runs/{run_id}/desync"]["post"]["responses"]
+    assert "409" in documented

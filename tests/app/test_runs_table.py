@@ -392,6 +392,24 @@ def test_compare_shows_options_side_by_side_and_a_chart_per_common_metric(client
         assert client.get("/compare", params={"run": wrong}).status_code == status, wrong
 
 
+def test_the_compare_api_answers_what_the_page_shows(client: TestClient) -> None:
+    first = _reporting_run(client, {"name": "cmp-a", "lr": 0.001, "seed": 1}, {"loss": [1.0, 0.5], "val_loss": [0.9]})
+    second = _reporting_run(client, {"name": "cmp-b", "lr": 0.003, "seed": 1, "optimizer": "sgd"},
+                            {"loss": [2.0, 0.25, 0.75], "accuracy": [0.5]})  # fmt: skip
+    answer = client.get("/api/compare", params={"run": [first, second]})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert [(run["id"], run["name"], run["status"], run["step"]) for run in body["runs"]] == [
+        (first, "cmp-a", "running", 2), (second, "cmp-b", "running", 3)
+    ]  # fmt: skip
+    options = {row["name"]: row for row in body["options"]}
+    assert options["lr"] == {"name": "lr", "values": ["0.001", "0.003"], "differs": True}
+    assert options["optimizer"]["differs"] and not options["seed"]["differs"]
+    assert body["metrics"] == [{"key": "loss", "last": [0.5, 0.75], "min": [0.5, 0.25], "max": [1.0, 2.0]}]
+    for wrong, status in (([first], 422), ([first, 999_999], 404)):
+        assert client.get("/api/compare", params={"run": wrong}).status_code == status, wrong
+
+
 def _reporting_run(client: TestClient, options: dict[str, Any], series: dict[str, list[float]]) -> int:
     run_id = int(client.post("/api/runs", json=options).json()["id"])
     with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]

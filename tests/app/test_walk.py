@@ -286,6 +286,17 @@ def compare_page(answer: Answer) -> None:
     assert ("data-chart=" in answer.text) == (len(started) == len(compared)), answer.text[-2000:]
 
 
+def compare_api(answer: Answer) -> None:
+    """The compare page's content as JSON: the runs in the order asked for, their options, their common metrics."""
+    if answer.missing:
+        assert answer.response.status_code == 422 and "compare 2 to 10 different runs" in answer.text
+        return
+    body = answer.json()
+    assert [run["id"] for run in body["runs"]] == [int(run_id) for run_id in answer.query["run"]]
+    assert all(len(row["values"]) == len(body["runs"]) for row in body["options"])
+    assert all(len(metric["last"]) == len(body["runs"]) for metric in body["metrics"])
+
+
 def delete_page(answer: Answer) -> None:
     run = answer.seeded
     assert str(escape(run.name)) in answer.text
@@ -518,6 +529,7 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/runs/{run_id}": run_page,
     "/runs/{run_id}/delete": delete_page,
     "/compare": compare_page,
+    "/api/compare": compare_api,
     "/runs/{run_id}/logs": logs_panel,
     "/runs/{run_id}/stream": run_stream,
     "/runs/{run_id}/logs/stream": log_stream,
@@ -585,7 +597,8 @@ VARIANTS: dict[str, Callable[[Store, Seeded | None], list[Variant]]] = {
         {"q": "walk", "filter": "loss.min < 1; epochs >= 1", "sort": "-loss.last", "columns": "lr,loss.min"},
         {"q": "walk", "filter": "loss.min < 1", "columns": "seed", "_target": "runs-table", "_hx": "1"},
     ],
-    "/compare": lambda store, run: (
+    "/compare": lambda store, run: VARIANTS["/api/compare"](store, run),
+    "/api/compare": lambda store, run: (
         [{"run": [str(r.id) for r in store.seeded.values()][:10]}, {"run": [str(r[0]) for r in store.runs[:2]]}]
         if len(store.runs) >= 2
         else [{}]
