@@ -18,6 +18,12 @@ as `rankboard.report` (the same module, installed under a second name) where a `
 would shadow this package. When the server cannot be reached, batches go to a spool file in the run
 folder and are sent, in order, once it answers again, also by a restarted trainer. The server stores a point once
 per (run, key, step, rank), so sending one twice is harmless, and this client prefers that to losing one.
+
+One batch never holds back the others. A batch the server refuses (a 4xx: a value it cannot take) is dropped, with one
+line on stderr, and never sent again; what the client can mend before sending (a rate that is infinite, a step that
+is a numpy integer) it mends, and says so once. A batch the server fails on (a 500) while it takes the batch after it
+is set aside in a file beside the spool (`SetAside`) and tried again later; a server failing on every batch, or away,
+keeps them all in the spool, in order.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
 from . import external, forensics, wire
@@ -46,6 +52,11 @@ from . import external, forensics, wire
 _REQUEST_TIMEOUT_S = 5.0
 _RETRY_FIRST_S = 1.0
 _RETRY_MAX_S = 5.0
+# A batch the server fails on while it takes the others (SetAside) is retried after 2, 4, 8, ... 60 s, while the server
+# takes the rest; failed this many times, a minute or two of a working server refusing it, it is dropped.
+ASIDE_TRIES = 6
+_ASIDE_FIRST_S = 2.0
+_ASIDE_MAX_S = 60.0
 # How often each rank posts, from its environment: Rankboard's launchers pass on the server's, a job launched elsewhere
 # has its own. Pages read once a second. Longer costs the server less CPU (on a node that trains too, CPU that training
 # then keeps; bench/post_cost.py), and puts the charts that much behind. At most 10 s: a rank's heartbeat rides on its
@@ -64,16 +75,32 @@ class Outcome(enum.Enum):
     """What became of one POST, and so of the batch it carried."""
 
     ACCEPTED = "accepted"
-    RETRY = "retry"  # unreachable, timed out, 429 or 5xx: keep the batch and send it later
-    REJECTED = "rejected"  # any other 4xx: this batch can never be accepted, so it is dropped
+    # No answer, or one saying the server is away or busy (_AWAY): keep the batch, and those behind it, for later.
+    RETRY = "retry"
+    # Any other 5xx, an error of the server's own: kept like RETRY, but it may be this batch's alone, which the batch
+    # after it tells (Spool.replay).
+    SERVER_ERROR = "server error"
+    REJECTED = "rejected"  # any other 4xx: this batch can never be accepted, so it is dropped, never sent again
     RUN_OVER = "run over"  # 409: the run has ended and the server takes nothing more from it
+
+    @property
+    def keeps(self) -> bool:
+        """Whether the batch is kept, to be sent again."""
+        return self is Outcome.RETRY or self is Outcome.SERVER_ERROR
+
+
+# 408 and 429 ask for the request again later; 502, 503 and 504 come from a proxy, or a server starting or stopping,
+# whatever the batch: all say "not now", never "not this batch".
+_AWAY = frozenset({408, 429, 502, 503, 504})
 
 
 def outcome_of(status: int | None) -> Outcome:
     """Classify an HTTP status; None means no response at all."""
-    if status is None or status == 429 or status >= 500:
-        return Outcome.RETRY
-    if 200 <= status < 300:
+    if status is None or status in _AWAY or not 200 <= status < 600 or 300 <= status < 400:
+        return Outcome.RETRY  # a redirect too: a wrong URL is mended and the spool sent, never the batch dropped
+    if status >= 500:
+        return Outcome.SERVER_ERROR
+    if status < 300:
         return Outcome.ACCEPTED
     return Outcome.RUN_OVER if status == 409 else Outcome.REJECTED
 
@@ -149,49 +176,170 @@ class Spool:
         self._warn = warn
         self._accepted_bytes = 0  # the start of the file that the server has already accepted
         self.pending = path.exists()
+        # The spool holds one batch, which the server failed on with an error of its own: the next batch, sent
+        # straight away, tells whether that one batch or the server is at fault.
+        self.lone_failure = False
         if self.pending:
-            self._end_torn_line()
+            _end_torn_line(path)
 
-    def append(self, line: bytes) -> None:
-        """Add a batch after all the others."""
+    def append(self, line: bytes, *, failed: bool = False) -> None:
+        """Add a batch after all the others; `failed`: the server just failed on it with an error of its own."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("ab") as file:
             file.write(line + b"\n")
             file.flush()
+        self.lone_failure = failed and not self.pending
         self.pending = True
 
-    def replay(self, send: Callable[[bytes], Outcome]) -> Outcome:
-        """Send the batches not yet accepted, in order; stop at the first the server cannot take now."""
+    def replay(self, send: Callable[[bytes], Outcome], set_aside: Callable[[bytes], None]) -> Outcome:
+        """Send the batches not yet accepted, in order; stop at the first the server cannot take now. One the server
+        fails on with an error of its own while it takes the batch after it goes to `set_aside` instead."""
+        self.lone_failure = False
         try:
             with self.path.open("rb") as file:
                 file.seek(self._accepted_bytes)
-                for line in file:
-                    outcome = send(line.rstrip(b"\n")) if self._is_batch(line) else Outcome.REJECTED
-                    if outcome in (Outcome.RETRY, Outcome.RUN_OVER):
-                        return outcome
-                    self._accepted_bytes += len(line)
+                outcome = self._send_lines(file, send, set_aside)
+            if outcome is not Outcome.ACCEPTED:
+                return outcome
             self.path.unlink()
         except FileNotFoundError:
             self._warn("spool gone", f"the spool {self.path} was deleted by someone else; its batches are lost")
         self._accepted_bytes, self.pending = 0, False
         return Outcome.ACCEPTED
 
-    def _is_batch(self, line: bytes) -> bool:
-        try:
-            json.loads(line)
-        except ValueError:
-            self._warn("torn line", f"skipped a line of {self.path} that is not JSON (a crash while writing it)")
-            return False
-        return True
+    def _send_lines(
+        self, file: BinaryIO, send: Callable[[bytes], Outcome], set_aside: Callable[[bytes], None]
+    ) -> Outcome:
+        # A 500 on the oldest batch alone says little: the server may be failing on everything (its database gone),
+        # which the next batch shows by failing too, and then all wait, in order. If the server takes the next one,
+        # the oldest is what it cannot take, and holding the rest back behind it would silence the rank.
+        failed: bytes | None = None
+        for line in file:
+            if not self._is_batch(line):
+                if failed is None:
+                    self._accepted_bytes = file.tell()
+                continue
+            outcome = send(line.rstrip(b"\n"))
+            if outcome is Outcome.SERVER_ERROR and failed is None:
+                failed = line
+                continue
+            if outcome.keeps or outcome is Outcome.RUN_OVER:
+                return outcome
+            if failed is not None:
+                set_aside(failed.rstrip(b"\n"))
+                failed = None
+            self._accepted_bytes = file.tell()
+        self.lone_failure = failed is not None
+        return Outcome.SERVER_ERROR if failed else Outcome.ACCEPTED
 
-    def _end_torn_line(self) -> None:
-        # A crash mid-write leaves a line without its newline; the next append must not be glued onto it.
-        with self.path.open("rb+") as file:
-            if file.seek(0, os.SEEK_END) == 0:
-                return
-            file.seek(-1, os.SEEK_END)
-            if file.read(1) != b"\n":
-                file.write(b"\n")
+    def set_aside_rest(self, set_aside: Callable[[bytes], None]) -> None:
+        """Hand every batch not yet accepted to `set_aside`, and empty the spool."""
+        try:
+            with self.path.open("rb") as file:
+                file.seek(self._accepted_bytes)
+                for line in file:
+                    if self._is_batch(line):
+                        set_aside(line.rstrip(b"\n"))
+            self.path.unlink()
+        except FileNotFoundError:
+            self._warn("spool gone", f"the spool {self.path} was deleted by someone else; its batches are lost")
+        self._accepted_bytes, self.pending, self.lone_failure = 0, False, False
+
+    def _is_batch(self, line: bytes) -> bool:
+        return _is_batch(line, self.path, self._warn)
+
+
+class SetAside:
+    """Batches the server failed on with an error of its own (a 500) while it took the batch after each: most likely
+    that batch's fault, not the server's, so they wait here instead of holding back every batch behind them.
+
+    Retried now and then, with a growing pause; one that fails ASIDE_TRIES times is dropped. Those tries count only
+    while the server takes the rest (the spool empty), never while it is down. A file beside the spool, so that a
+    restarted trainer retries them (counting afresh), named like one, so that the server also stores what a run's
+    last process left in it when the run ends.
+    """
+
+    def __init__(self, path: Path, warn: Callable[[str, str], None]) -> None:
+        self.path = path
+        self._warn = warn
+        self.pending = path.exists()
+        self._tries: list[int] = []  # per line of the file, as far as this process has tried them
+        self._due, self._pause = 0.0, _ASIDE_FIRST_S  # time.monotonic() of the next retry
+        if self.pending:
+            _end_torn_line(path)
+
+    def due(self) -> bool:
+        """Whether it holds batches whose next try is due."""
+        return self.pending and time.monotonic() >= self._due
+
+    def add(self, line: bytes) -> None:
+        """Set a batch aside, after those already there; its first retry comes after the pause in progress."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("ab") as file:
+            file.write(line + b"\n")
+        if not self.pending:
+            self._due, self._pause = time.monotonic() + _ASIDE_FIRST_S, _ASIDE_FIRST_S
+        self.pending = True
+
+    def retry(self, send: Callable[[bytes], Outcome], *, counted: bool = True) -> None:
+        """Send each batch once, in order, and keep those that fail again; a try counts only if `counted` and the
+        server answered with its error (not while it is away), and a batch out of tries is dropped."""
+        kept: list[tuple[bytes, int]] = []
+        away = False
+        for index, line in enumerate(self._lines()):
+            tries = self._tries[index] if index < len(self._tries) else 0
+            outcome = Outcome.RETRY if away else send(line)
+            away = away or outcome in (Outcome.RETRY, Outcome.RUN_OVER)  # the rest waits for the next round
+            if outcome in (Outcome.ACCEPTED, Outcome.REJECTED):
+                continue  # taken, or refused for good (said by the reporter)
+            if counted and outcome is Outcome.SERVER_ERROR:
+                tries += 1
+            if tries < ASIDE_TRIES:
+                kept.append((line, tries))
+            else:
+                self._warn("aside dropped", f"dropped a batch the server failed on {tries} times while it took the "
+                                            f"others (its points are lost); it was kept in {self.path}")  # fmt: skip
+        self._keep(kept)
+
+    def _lines(self) -> list[bytes]:
+        try:
+            lines = self.path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        return [line for line in lines if _is_batch(line, self.path, self._warn)]
+
+    def _keep(self, kept: list[tuple[bytes, int]]) -> None:
+        self._tries = [tries for _, tries in kept]
+        self._pause = min(2 * self._pause, _ASIDE_MAX_S) if kept else _ASIDE_FIRST_S
+        self._due, self.pending = time.monotonic() + self._pause, bool(kept)
+        if not kept:
+            self.path.unlink(missing_ok=True)
+            return
+        # Whole or not at all: a crash while rewriting must not lose the batches, nor leave half of one.
+        with tempfile.NamedTemporaryFile(
+            "wb", dir=self.path.parent, prefix=f".{self.path.name}.", delete=False
+        ) as file:
+            file.write(b"".join(line + b"\n" for line, _ in kept))
+        os.replace(file.name, self.path)
+
+
+def _is_batch(line: bytes, path: Path, warn: Callable[[str, str], None]) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        warn("torn line", f"skipped a line of {path} that is not JSON (a crash while writing it)")
+        return False
+    return True
+
+
+def _end_torn_line(path: Path) -> None:
+    # A crash mid-write leaves a line without its newline; the next append must not be glued onto it.
+    with path.open("rb+") as file:
+        if file.seek(0, os.SEEK_END) == 0:
+            return
+        file.seek(-1, os.SEEK_END)
+        if file.read(1) != b"\n":
+            file.write(b"\n")
 
 
 class Reporter:
@@ -238,6 +386,8 @@ class Reporter:
         self._flushing = False  # the final flush has begun: its last batch says how this process ended
         self._error: str | None = None
         self._spool = Spool(Path(spool_dir) / f"spool-{self._host}-rank{rank}.jsonl", self._warn)
+        self._aside = SetAside(Path(spool_dir) / f"spool-{self._host}-rank{rank}.aside.jsonl", self._warn)
+        self._failure = ""  # the server's last error of its own, for the line that sets a batch aside
         self._retry_at, self._retry_delay = 0.0, _RETRY_FIRST_S  # a spool left by a previous process goes first
         self._last_attempt = -math.inf
         self._reachable = True
@@ -352,6 +502,8 @@ class Reporter:
                 self._deliver(batch)
         elif time.monotonic() - self._last_attempt >= self._heartbeat_interval and not self._spool.pending:
             self._deliver([])
+        if self._aside.due() and self._takes_batches():
+            self._aside.retry(self._post_again)  # only while the server takes the rest: then a failure counts
 
     def _flush_all(self) -> None:
         """Send or spool every queued point, and the last progress; runs once, when closing."""
@@ -365,21 +517,32 @@ class Reporter:
         while (self._points or final_progress_due) and not self._run_over:
             self._deliver(self._take_batch(), keep_empty=True)
             final_progress_due = False
+        if self._aside.pending and self._takes_batches():
+            self._aside.retry(self._post_again, counted=False)  # this process's last go; the file keeps the rest
         if self._connection is not None:
             self._connection.close()
+
+    def _takes_batches(self) -> bool:
+        """Whether the server took the last batch sent, and nothing waits in the spool."""
+        return self._reachable and not self._spool.pending and not self._run_over
 
     def _take_batch(self, most: int = wire.MAX_POINTS_PER_BATCH) -> list[_Raw]:
         return [self._points.popleft() for _ in range(min(len(self._points), self._max_batch, most))]
 
     def _deliver(self, points: list[_Raw], *, keep_empty: bool = False) -> None:
-        """Send a batch, or spool it: always while older batches wait in the spool, so that order is kept."""
+        """Send a batch, or spool it: always while older batches wait in the spool, so that order is kept, unless the
+        only one waiting is a batch the server failed on: this one then tells whether that batch or the server is at
+        fault (an empty heartbeat would not: a server that cannot write may still take it)."""
         progress = self._progress
         node, beat = self._due_extras()
         ended = self._ended_now()
         body = self._encode(points, progress, node=node, heartbeat=beat, ended=ended)
-        if not self._spool.pending:
+        outcome = None
+        if not self._spool.pending or (self._spool.lone_failure and (points or keep_empty)):
             outcome = self._post(body)
-            if outcome is not Outcome.RETRY:
+            if not outcome.keeps:
+                if self._spool.pending and outcome is not Outcome.RUN_OVER:
+                    self._spool.set_aside_rest(self._set_aside)  # the server takes batches, not that one
                 self._delivered_progress = progress
                 self._delivered_extras(node, beat)
                 return
@@ -389,18 +552,28 @@ class Reporter:
         if ended is not None:  # never spooled: replayed by this rank's next process, it would end that one's run
             body = self._encode(points, progress, node=node, heartbeat=beat)
         try:
-            self._spool.append(body)
+            self._spool.append(body, failed=outcome is Outcome.SERVER_ERROR)
             self._delivered_progress = progress
             self._delivered_extras(node, beat)
         except OSError as error:
             self._warn("spool write", f"cannot write the spool {self._spool.path} ({error}); points are lost")
 
     def _replay_spool(self) -> None:
-        if self._spool.replay(self._post) is Outcome.RETRY:
+        if self._spool.replay(self._post, self._set_aside).keeps:
             self._retry_at = time.monotonic() + self._retry_delay
             self._retry_delay = min(2 * self._retry_delay, _RETRY_MAX_S)
         else:
             self._retry_delay = _RETRY_FIRST_S
+
+    def _set_aside(self, batch: bytes) -> None:
+        try:
+            self._aside.add(batch)
+        except OSError as error:
+            self._warn("aside write", f"cannot write {self._aside.path} ({error}); a batch the server failed on, "
+                                      "while it took the next, is lost")  # fmt: skip
+            return
+        self._warn("set aside", f"the server failed on a batch ({self._failure}) but took the next; that batch "
+                                f"waits in {self._aside.path}, to be tried later, and the rest go on")  # fmt: skip
 
     def _ended_now(self) -> wire.Ended | None:
         """How this process ended, on the last batch of a run launched elsewhere: the final flush's, once nothing
@@ -409,7 +582,11 @@ class Reporter:
             return None
         return wire.Ended(self._rank, self._host, self._ending, self._error)
 
-    def _post(self, body: bytes) -> Outcome:
+    def _post_again(self, body: bytes) -> Outcome:
+        """Post a batch set aside: its failing again says nothing new about the server."""
+        return self._post(body, quiet=True)
+
+    def _post(self, body: bytes, *, quiet: bool = False) -> Outcome:
         if self._run_over:
             return Outcome.RUN_OVER
         if time.monotonic() + _REQUEST_TIMEOUT_S > self._deadline:
@@ -420,7 +597,8 @@ class Reporter:
         assert self._connection is not None
         status, detail, reply = self._connection.post(body)
         outcome = outcome_of(status)
-        self._note(outcome, status, detail)
+        if not (quiet and outcome.keeps):
+            self._note(outcome, status, detail)
         if outcome is Outcome.ACCEPTED and self._join is not None and _asks_stop(reply):
             self._stop_requested.set()
         if outcome is Outcome.ACCEPTED and wire.DUMP_REPLY_MARK in reply:  # else nothing is parsed
@@ -436,7 +614,7 @@ class Reporter:
             _stderr(f"[rank {self._rank}] reporting into run {joined.run_id} ({self._join.key})")
             return Outcome.ACCEPTED
         outcome = outcome_of(status)
-        if outcome is Outcome.RETRY:
+        if outcome.keeps:
             self._note(outcome, status, detail)
             return outcome
         self._run_over = True  # a wrong token or a refused request stays wrong: say so once, and send nothing
@@ -457,9 +635,12 @@ class Reporter:
 
     def _note(self, outcome: Outcome, status: int | None, detail: str) -> None:
         # One line per change of state, not per batch: a down server must not flood the rank's log.
-        if outcome is Outcome.RETRY and self._reachable:
+        if outcome is Outcome.SERVER_ERROR:
+            self._failure = detail
+        if outcome.keeps and self._reachable:
             self._reachable = False
-            _stderr(f"[rank {self._rank}] metrics server unreachable ({detail}); spooling to {self._spool.path}")
+            state = "unreachable" if outcome is Outcome.RETRY else "failing"
+            _stderr(f"[rank {self._rank}] metrics server {state} ({detail}); spooling to {self._spool.path}")
         elif outcome is Outcome.ACCEPTED and not self._reachable:
             self._reachable = True
             _stderr(f"[rank {self._rank}] metrics server reachable again")
@@ -477,7 +658,9 @@ class Reporter:
             return node, None
         if time.monotonic() - self._beat_sent_at < self._heartbeat_interval:
             return node, None
-        return node, wire.Heartbeat(self._rank, self._host, step)
+        if type(step) is not int or not 0 <= step <= wire.MAX_STEP:
+            step = self._good_step("heartbeat", step)
+        return node, None if step is None else wire.Heartbeat(self._rank, self._host, step)
 
     def _delivered_extras(self, node: wire.Node | None, beat: wire.Heartbeat | None) -> None:
         if node is not None:
@@ -494,22 +677,27 @@ class Reporter:
         heartbeat: wire.Heartbeat | None = None,
         ended: wire.Ended | None = None,
     ) -> bytes:
+        if progress is not None:
+            progress, mended = sendable_progress(progress)
+            for field, sentence in mended:
+                self._warn(f"progress {field}", sentence)
         batch = wire.Batch(columns=self._columns(raw), progress=progress, node=node, heartbeat=heartbeat, ended=ended)
         return json.dumps(batch.to_json(), separators=(",", ":")).encode()  # NaN and infinities written bare
 
     def _columns(self, raw: Iterable[_Raw]) -> tuple[wire.Column, ...]:
         """The points as one column per (key, rank), in the order logged. Checked here rather than in log(): one bad
-        key or step would otherwise get the whole batch refused with a 422. This loop is most of the thread's work,
-        so each point costs a dict lookup and three appends."""
+        key, rank or step would otherwise get the whole batch refused with a 422. This loop is most of the thread's
+        work, so each point costs a dict lookup and three appends."""
         groups: dict[tuple[str, int], tuple[list[int], list[float], list[float]]] = {}
         for key, step, value, unix_time, rank in raw:
             column = groups.get((key, self._rank if rank is None else rank))
             if column is None:
-                if not self._good_key(key):
+                owner = self._column_rank(key, rank)
+                if owner is None:
                     continue
-                column = groups[(key, self._rank if rank is None else rank)] = ([], [], [])
+                column = groups[(key, owner)] = ([], [], [])
             if type(step) is not int or not 0 <= step <= wire.MAX_STEP:
-                fixed = self._good_step(key, step)
+                fixed = self._good_step(f"metric {key!r}", step)
                 if fixed is None:
                     continue
                 step = fixed
@@ -518,29 +706,104 @@ class Reporter:
             column[2].append(unix_time)
         return tuple(wire.Column(key, rank, *arrays) for (key, rank), arrays in groups.items())
 
-    def _good_key(self, key: object) -> bool:
-        if isinstance(key, str) and 0 < len(key) <= wire.MAX_KEY_LENGTH:
-            return True
-        self._warn(f"key {key!r}"[:100], f"metric key {key!r} must be a string of 1..{wire.MAX_KEY_LENGTH} "
-                                         "characters; skipped")  # fmt: skip
-        return False
+    def _column_rank(self, key: object, rank: object) -> int | None:
+        """The rank a new column goes under (this process's, or a plain int for a numpy or torch one); None, with a
+        warning, for a key or rank the server would refuse."""
+        if not (isinstance(key, str) and 0 < len(key) <= wire.MAX_KEY_LENGTH):
+            self._warn(f"key {key!r}"[:100], f"metric key {key!r} must be a string of 1..{wire.MAX_KEY_LENGTH} "
+                                             "characters; skipped")  # fmt: skip
+            return None
+        owner = self._rank if rank is None else _index(rank)
+        if 0 <= owner <= wire.MAX_RANK:
+            return owner
+        self._warn(f"rank {rank!r}"[:100], f"metric {key!r}: rank {rank!r} is not an integer in 0..{wire.MAX_RANK}; "
+                                           "skipped")  # fmt: skip
+        return None
 
-    def _good_step(self, key: str, step: object) -> int | None:
+    def _good_step(self, owner: str, step: object) -> int | None:
         """A step that is no plain int (a numpy or torch integer) as an int; None, with a warning, for one that is
-        not an integer in 0..MAX_STEP."""
-        try:
-            index = operator.index(step)  # type: ignore[arg-type]
-        except TypeError:
-            index = -1
+        not an integer in 0..MAX_STEP. `owner`: whose step, as the warning names it."""
+        index = _index(step)
         if 0 <= index <= wire.MAX_STEP:
             return index
-        self._warn(f"step {key}", f"metric {key!r}: step {step!r} is not an integer in 0..{wire.MAX_STEP}; skipped")
+        self._warn(f"step {owner}", f"{owner}: step {step!r} is not an integer in 0..{wire.MAX_STEP}; skipped")
         return None
 
     def _warn(self, topic: str, message: str) -> None:
         if topic not in self._warned:
             self._warned.add(topic)
             _stderr(f"[rank {self._rank}] {message}")
+
+
+def _index(number: object) -> int:
+    """An integer, numpy's and torch's included, as a plain int; -1 for anything else."""
+    try:
+        return operator.index(number)  # type: ignore[arg-type]
+    except TypeError:
+        return -1
+
+
+# No cluster trains this fast: a rate above it comes from a clock (a step timed at 0 s), not from the training.
+MAX_SAMPLES_PER_S = 1e12
+# A progress's counts, each with its largest value the server takes.
+_PROGRESS_COUNTS = {"epoch": wire.MAX_EPOCH, "epochs": wire.MAX_EPOCH, "step": wire.MAX_STEP,
+                    "total_steps": wire.MAX_STEP, "restart": 1_000_000}  # fmt: skip
+
+
+def sendable_progress(progress: wire.Progress) -> tuple[wire.Progress | None, list[tuple[str, str]]]:
+    """The progress as the server takes it, and what was mended: (field, a sentence to warn with) each.
+
+    A rate that is not a number in 0..MAX_SAMPLES_PER_S (an infinity from a step timed at 0 s, a NaN) goes as 0,
+    which the dashboard reads as none measured: it keeps the last rate it had. Counts go as plain ints (a numpy or
+    torch integer, a float cut to a whole one); one that is not a count in range, or not a number, leaves the whole
+    progress out, since none of it can be trusted: the batch's points go without it.
+    """
+    counts: dict[str, int] = {}
+    mended: list[tuple[str, str]] = []
+    for field, most in _PROGRESS_COUNTS.items():
+        value = getattr(progress, field)
+        count = _count(value)
+        if not 0 <= count <= most:
+            return None, [(field, f"progress {field}={value!r} is not a count in 0..{most}; progress not sent")]
+        if count != value:
+            mended.append((field, f"progress {field}={value!r} is not a whole number; sent as {count}"))
+        counts[field] = count
+    rate = _float(progress.samples_per_s)
+    if not 0 <= rate <= MAX_SAMPLES_PER_S:
+        mended.append(("samples_per_s", f"progress samples_per_s={progress.samples_per_s!r} is not a rate in "
+                                        f"0..{MAX_SAMPLES_PER_S:g}; sent as 0 (none measured)"))  # fmt: skip
+        rate = 0.0
+    return wire.Progress(**counts, samples_per_s=rate, finished=bool(progress.finished)), mended
+
+
+def _count(number: object) -> int:
+    """A count as a plain int: an integer (numpy's and torch's included) as one, any other number cut to a whole one;
+    -1 for anything else."""
+    index = _index(number)
+    if index != -1 or isinstance(number, int):
+        return index
+    as_float = _float(number)
+    return int(as_float) if math.isfinite(as_float) else -1
+
+
+def _float(number: object) -> float:
+    """A number (numpy's and torch's included) as a float; NaN for anything else."""
+    try:
+        return float(number)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def json_safe(value: Any) -> Any:
+    """A config with its NaN and infinities as the strings `wire.encode_value` writes: JSON has no such numbers, and
+    the server refuses them where they are not a metric's values."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return wire.encode_value(value)
+    if isinstance(value, Mapping):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def _asks_stop(reply: bytes) -> bool:
@@ -646,7 +909,10 @@ def _external_reporter(
         return None
     try:
         name = name or environ.get(wire.ENV_RUN_NAME) or Path(sys.argv[0] or "python").stem
-        request = external.join_request(environ, key=key, name=name, config=config or {}, takes_stop=takes_stop,
+        safe_config = json_safe(config or {})
+        if json.dumps(safe_config, default=str) != json.dumps(config or {}, default=str):  # never ==: numpy arrays
+            _stderr('report.init(): the config\'s NaN and infinities are sent as the strings "NaN" and "Infinity"')
+        request = external.join_request(environ, key=key, name=name, config=safe_config, takes_stop=takes_stop,
                                         checkpoint_dir=checkpoint_dir)  # fmt: skip
         digest = hashlib.sha256(request.key.encode()).hexdigest()[:16]
         spool_dir = Path(tempfile.gettempdir()) / f"rankboard-{digest}"  # the same for a restarted process

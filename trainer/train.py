@@ -90,6 +90,9 @@ class StopSignal:
         self.requested = True
 
 
+MIN_RATE_SPAN_S = 0.001  # a rate is measured over at least this much time
+
+
 class Throughput:
     """Samples per second over the last few seconds, so that a slow start or a pause soon stops counting."""
 
@@ -98,14 +101,17 @@ class Throughput:
         self._marks: deque[tuple[float, int]] = deque()
         self.rate = 0.0  # the last one returned: a run's final report carries it
 
-    def update(self, samples_so_far: int) -> float:
-        """Record the running total of samples and return the recent rate."""
-        now = time.perf_counter()
+    def update(self, samples_so_far: int, now: float | None = None) -> float:
+        """Record the running total of samples (at `now`, perf_counter() by default) and return the recent rate."""
+        now = time.perf_counter() if now is None else now
         self._marks.append((now, samples_so_far))
         while len(self._marks) > 2 and now - self._marks[0][0] > self.window_s:
             self._marks.popleft()
         start, samples_then = self._marks[0]
-        self.rate = (samples_so_far - samples_then) / (now - start) if now > start else 0.0
+        # Over a span a clock can hardly tell from 0 s (the first steps of a small model, a coarse clock) the rate is
+        # noise, or infinite: keep the last one until the span is long enough to measure.
+        if now - start >= MIN_RATE_SPAN_S:
+            self.rate = (samples_so_far - samples_then) / (now - start)
         return self.rate
 
 

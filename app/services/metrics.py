@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from app.errors import InvalidToken, RunNotActive, SeriesNotFound
@@ -22,6 +24,7 @@ from app.store import summaries as summary_store
 from app.store.metrics import SeriesPoint, StoredPoint
 from trainer import wire
 
+log = logging.getLogger(__name__)
 # Queued too: a Slurm job may start, and its trainer post, before the server sees it leave Slurm's queue.
 ACCEPTS_METRICS = (RunStatus.queued, RunStatus.starting, RunStatus.running, RunStatus.stopping)
 # The keys of GPU and host samples (trainer.gpu), logged at step = unix seconds: "gpu/", "sys/".
@@ -126,7 +129,8 @@ def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
     carried; returns new points.
 
     Each spool line is one batch exactly as the client would have posted it; a line cut short by a dying process
-    is skipped. Called inside the transaction that finishes the run, so the points land before it is final.
+    is skipped, and so is one the store fails on (the batches a client set aside for that): each goes in a savepoint
+    of its own, since this runs inside the transaction that finishes the run, which one bad line must never hold up.
     """
     run = runs.get_run(db, run_id=run_id)
     stored = 0
@@ -134,9 +138,11 @@ def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:
         for line in spool.read_bytes().splitlines():
             try:
                 batch = BatchIn.model_validate_json(line)
-            except ValidationError:
+                with db.begin_nested():
+                    stored += _store_points(db, run_id=run_id, batch=batch)
+            except (ValidationError, SQLAlchemyError, ValueError) as error:
+                log.warning("run %s: skipped a spooled batch of %s: %s", run_id, spool.name, error)
                 continue
-            stored += _store_points(db, run_id=run_id, batch=batch)
             advance_progress(run, batch)
         spool.unlink()
     return stored

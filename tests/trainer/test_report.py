@@ -12,7 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.live import LiveServer, free_port, open_run, set_run, wait_for
+from tests.live import LiveServer, free_port, open_run, points, set_run, wait_for
 from trainer import report, wire
 from trainer.report import Reporter
 
@@ -34,8 +34,7 @@ def reporter_for(server: LiveServer, run_id: int, spool: Path, **options: float)
 
 def stored(server: LiveServer, run_id: int, key: str = "loss") -> list[tuple[int, float]]:
     with server.api() as api:
-        points = api.get(f"/api/runs/{run_id}/metrics/{key}", params={"limit": 100_000}).json()["points"]
-    return [(p["step"], p["value"]) for p in points]
+        return [(p["step"], p["value"]) for p in points(api, run_id, key)]
 
 
 def losses(steps: range) -> list[tuple[int, float]]:
