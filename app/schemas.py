@@ -717,6 +717,9 @@ class RankDumpIn(Body):
     threads: str = Field(max_length=wire.MAX_DUMP_BYTES)
     collectives: list[CollectiveIn] = Field(default_factory=list, max_length=wire.MAX_DUMP_COLLECTIVES)
     recorder_error: str | None = Field(None, max_length=1000)
+    step: int | None = Field(None, ge=0, le=wire.MAX_STEP)
+    watched_s: float | None = Field(None, ge=0, le=3600)
+    moved: bool | None = None
 
 
 class DumpRequested(BaseModel):
@@ -737,6 +740,12 @@ class RankStateOut(BaseModel):
     top: list[str] = Field(description="Its main thread's innermost frames, most recent first.")
     threads: str = Field(description="Every thread's stack, as faulthandler prints it.")
     recorder_error: str | None
+    step: int | None = Field(description="Its newest heartbeat step when its stack was taken.")
+    progress: Literal["moved", "still", "unknown"] = Field(
+        description="moved: its collectives or its step went on in the seconds after its stack, or it reported a "
+        "newer step since; still: neither went on while it watched; unknown: it had neither to watch."
+    )
+    watched_s: float | None = Field(description="How long it watched itself after its stack; it stops at a move.")
 
 
 class DumpOut(BaseModel):
@@ -747,7 +756,9 @@ class DumpOut(BaseModel):
     expected: int = Field(description="How many ranks the run has.")
     ranks: list[RankStateOut]
     missing: list[int] = Field(description="Ranks that have not answered.")
-    culprits: list[int] = Field(description="The ranks the others wait for.")
+    culprits: list[int] = Field(
+        description="The ranks the others wait for: named only when no rank moved on and all were seen at one moment."
+    )
     verdict: str = Field(description="The sentence a person reads.")
 
 

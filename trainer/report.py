@@ -626,10 +626,12 @@ class Reporter:
         request = json.loads(reply).get(wire.DUMP_REPLY_FIELD)
         if not isinstance(request, int) or request == self._dumped or self._connection is None:
             return
-        dump = forensics.take_dump(request, rank=self._rank, host=self._host)
+        # Twice the heartbeat interval: each rank answers within one of the request, so still ranks' watches overlap.
+        watch = forensics.Watch(lambda: self._beat_step, 2 * self._heartbeat_interval, lambda: self._closed)
+        dump = forensics.take_dump(request, rank=self._rank, host=self._host, watch=watch)
         body = json.dumps(dump.to_json(), separators=(",", ":")).encode()
         status, detail, _reply = self._connection.post(body, self._connection.dump_path(request))
-        if outcome_of(status) is not Outcome.RETRY:
+        if not outcome_of(status).keeps:
             self._dumped = request
             _stderr(f"[rank {self._rank}] sent its stacks for dump request {request} ({detail[:60]})")
 

@@ -477,7 +477,9 @@ class Collective:
 @dataclass(frozen=True)
 class RankDump:
     """What one rank sends for one dump request: its main thread's stack, every thread's as faulthandler prints it,
-    and its flight recorder's newest collectives (empty, with `recorder_error` saying why, where it has none)."""
+    its flight recorder's newest collectives (empty, with `recorder_error` saying why, where it has none), and
+    whether it still moved on in the seconds after: ranks answer at different moments, so their sequence numbers
+    alone are no picture of one moment (trainer/forensics.py `Watch`)."""
 
     request: int
     rank: int
@@ -488,6 +490,9 @@ class RankDump:
     threads: str
     collectives: tuple[Collective, ...] = ()
     recorder_error: str | None = None
+    step: int | None = None  # its newest heartbeat step when the stack was taken; None: it sends none
+    watched_s: float | None = None  # how long after `taken_at` it then watched its collectives and its step
+    moved: bool | None = None  # whether either went on within watched_s; None: it had neither to watch
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

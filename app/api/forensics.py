@@ -28,8 +28,8 @@ def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> DumpReques
 
 @router.get("/{run_id}/dumps", response_model=DumpsOut, responses=documented(RunNotFound),
             summary="The newest dump of every rank, and the rank the others wait for")  # fmt: skip
-def latest_dump(run_id: RunId, db: SessionDep, folders: FoldersDep, settings: SettingsDep) -> DumpsOut:
-    return forensics.run_dump(db, run_id=run_id, folders=folders, settings=settings)
+def latest_dump(run_id: RunId, db: SessionDep, folders: FoldersDep) -> DumpsOut:
+    return forensics.run_dump(db, run_id=run_id, folders=folders)
 
 
 @router.post("/{run_id}/desync", status_code=201, response_model=RunDetail,

@@ -5,18 +5,23 @@ each rank's reporter thread (trainer/report.py), which runs while the main threa
 once with its stacks and flight recorder (trainer/forensics.py). The answers are kept in the run folder,
 `dumps/<request>/rank-<rank>.json`, and read back for the run page and the API. No open port on the ranks, no
 ptrace: the request rides on the connection each rank already has, from any node.
+
+The ranks answer seconds apart, so each also says whether it moved on in the seconds after its stack, and a newer
+heartbeat step since tells the same on read: a culprit is named only when no rank moved and all were seen at one
+moment; else the ranks are progressing, and the stacks are shown all the same.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ValidationError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from app.errors import FieldInvalid, InvalidToken, RunNotActive
 from app.folders import RunFolders
@@ -26,12 +31,14 @@ from app.schemas import DumpOut, DumpsOut, RankDumpIn, RankStateOut, RunCreate
 from app.services import dump_requests, external, metrics, runs
 from app.settings import Settings
 from app.store import audit
+from app.store import ranks as rank_store
 
 DUMPS = "dumps"
 LIVE = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
 LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
 TOP_FRAMES = 4
 DESYNC_TIMEOUT_S = 30  # a re-run with desync checks fails this soon at a hang, naming the rank
+Progress = Literal["moved", "still", "unknown"]
 
 
 def request_dump(db: Session, *, run_id: int, actor: str) -> int:
@@ -83,7 +90,7 @@ def _write(path: Path, body: bytes) -> None:
     os.replace(file.name, path)  # whole or not at all: a page may read it at any moment
 
 
-def run_dump(db: Session, *, run_id: int, folders: RunFolders, settings: Settings) -> DumpsOut:
+def run_dump(db: Session, *, run_id: int, folders: RunFolders) -> DumpsOut:
     """The run's newest dump, analysed (None before any request); raises RunNotFound."""
     run = runs.get_run(db, run_id=run_id)
     return DumpsOut(latest=latest_dump(run, folders=folders, world_size=runs.world_size(run)))
@@ -95,7 +102,17 @@ def latest_dump(run: Run, *, folders: RunFolders, world_size: int) -> DumpOut | 
         return None
     folder = folders.run_dir(run) / DUMPS / str(run.dump_request)
     dumps = sorted(_read(folder), key=lambda dump: dump.rank)
-    return analyse(run.dump_request, run.dump_requested_at, dumps, expected=world_size)
+    later = _later_steps(run)
+    return analyse(run.dump_request, run.dump_requested_at, dumps, expected=world_size, later_steps=later)
+
+
+def _later_steps(run: Run) -> dict[int, int]:
+    """Each rank's step in its heartbeats received since the request (none for a run loaded without a session)."""
+    db = object_session(run)
+    since = run.dump_requested_at
+    if db is None or since is None:
+        return {}
+    return {row.rank: row.step for row in rank_store.rank_rows(db, run_id=run.id) if row.heartbeat_at >= since}
 
 
 def _read(folder: Path) -> list[RankDumpIn]:
@@ -108,9 +125,17 @@ def _read(folder: Path) -> list[RankDumpIn]:
     return dumps
 
 
-def analyse(request: int, requested_at: datetime | None, dumps: Sequence[RankDumpIn], *, expected: int) -> DumpOut:
-    """Each rank's state, and the sentence naming the rank the others wait for."""
-    states = [rank_state(dump) for dump in dumps]
+def analyse(
+    request: int,
+    requested_at: datetime | None,
+    dumps: Sequence[RankDumpIn],
+    *,
+    expected: int,
+    later_steps: Mapping[int, int] | None = None,
+) -> DumpOut:
+    """Each rank's state, and the sentence naming the rank the others wait for; `later_steps`: each rank's step in
+    heartbeats received since the request, which shows a rank that moved on after its dump."""
+    states = [rank_state(dump, later_step=(later_steps or {}).get(dump.rank)) for dump in dumps]
     answered = {state.rank for state in states}
     missing = [rank for rank in range(expected) if rank not in answered]
     culprits, verdict = _verdict(states, missing)
@@ -118,8 +143,9 @@ def analyse(request: int, requested_at: datetime | None, dumps: Sequence[RankDum
                    culprits=culprits, verdict=verdict)  # fmt: skip
 
 
-def rank_state(dump: RankDumpIn) -> RankStateOut:
-    """What one rank's dump says: the collective it is in, its last sequence number, where its own code stands."""
+def rank_state(dump: RankDumpIn, *, later_step: int | None = None) -> RankStateOut:
+    """What one rank's dump says: the collective it is in, its last sequence number, where its own code stands,
+    whether it moved on."""
     inside = next((f.function for f in dump.stack if f.file.endswith("distributed_c10d.py")), None)
     last = dump.collectives[-1] if dump.collectives else None
     own = next((f for f in dump.stack if not any(mark in f.file for mark in LIBRARY_MARKS)), None)
@@ -128,8 +154,15 @@ def rank_state(dump: RankDumpIn) -> RankStateOut:
         last_seq=last.seq if last else None, last_collective=_plain(last.name) if last else None,
         where=_line(own or dump.stack[0]) if dump.stack else "no Python frame",
         top=[_line(frame) for frame in dump.stack[:TOP_FRAMES]], threads=dump.threads,
-        recorder_error=dump.recorder_error,
+        recorder_error=dump.recorder_error, step=dump.step, progress=_progress(dump, later_step),
+        watched_s=dump.watched_s,
     )  # fmt: skip
+
+
+def _progress(dump: RankDumpIn, later_step: int | None) -> Progress:
+    if dump.moved or (later_step is not None and dump.step is not None and later_step > dump.step):
+        return "moved"
+    return "still" if dump.moved is False else "unknown"  # unknown: nothing to watch, or a client that does not
 
 
 def _plain(name: str) -> str:
@@ -142,10 +175,53 @@ def _line(frame: object) -> str:
 
 
 def _verdict(states: list[RankStateOut], missing: list[int]) -> tuple[list[int], str]:
-    """The culprits and the sentence: the lowest last sequence number, else the rank outside every collective,
-    else a rank that never answered."""
+    """The culprits and the sentence. The ranks answer up to a few seconds apart, in which a healthy rank runs far
+    ahead: a culprit is named only when no rank moved on and every rank was seen at one moment."""
     if not states:
-        return [], "No rank has answered yet; each answers within a couple of seconds while its process lives."
+        return [], "No rank has answered yet; each answers within a few seconds while its process lives."
+    moved = [state for state in states if state.progress == "moved"]
+    if moved:
+        return [], _progressing(states, moved, missing)
+    apart = _apart(states)
+    if apart:
+        return [], apart
+    return _culprits(states, missing)
+
+
+def _progressing(states: list[RankStateOut], moved: list[RankStateOut], missing: list[int]) -> str:
+    """The sentence when a rank moved on after its stack: no rank holds the others up, as none moves on alone."""
+    rest = [state for state in states if state.progress != "moved"]
+    if not rest:
+        return f"All ranks are progressing: each moved on after its stack was taken{_missing(missing)}."
+    return (
+        f"All ranks are progressing: {_ranks(moved)} moved on after {_verb(moved, 'its', 'their')} stack was taken, "
+        f"which collectives allow only with every rank; {_ranks(rest)} {_verb(rest, 'was', 'were')} not seen moving "
+        f"(slower than the others, or stopping: dump again if the run stops progressing){_missing(missing)}."
+    )
+
+
+def _apart(states: list[RankStateOut]) -> str | None:
+    """Why the ranks were not seen at one moment, or None when they were: every rank's watch without a move (a
+    mere moment for a rank that did not watch) overlaps every other's."""
+    late = max(states, key=lambda state: state.taken_at)
+    early = min(states, key=_watch_end)
+    gap = late.taken_at - _watch_end(early)
+    if gap <= 0:
+        return None
+    after = f"rank {early.rank} ended its watch" if early.watched_s else f"rank {early.rank}"
+    return (
+        f"No rank can be named: the ranks were not seen at one moment (rank {late.rank} {gap:.1f} s after {after}), "
+        "and a healthy rank runs far ahead in that time; each stack below is of its own moment."
+    )
+
+
+def _watch_end(state: RankStateOut) -> float:
+    return state.taken_at + (state.watched_s or 0.0)
+
+
+def _culprits(states: list[RankStateOut], missing: list[int]) -> tuple[list[int], str]:
+    """From ranks that stood still at one moment: the lowest last sequence number, else the rank outside every
+    collective, else a rank that never answered."""
     seqs = {state.last_seq for state in states if state.last_seq is not None}
     waiting = [state for state in states if state.collective]
     if len(seqs) > 1:
