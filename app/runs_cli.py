@@ -280,6 +280,8 @@ class Progress:
         try:
             points = self.client.series(run_id, "loss", start_step=self.loss_from)
         except ClientError as error:
+            if error.status == 404:
+                return  # no loss yet, or a script that logs none: its steps alone show
             if error.status not in UNANSWERED:
                 raise
             return  # the server went away between two requests: wait() waits for it, the loss shows next time

@@ -71,14 +71,16 @@ def assert_rank_1_named(api: httpx.Client, run_id: int, stack_line: str) -> None
 
 def test_the_built_in_trainer_hung_by_one_rank_is_dumped_and_that_rank_named(server: LiveServer) -> None:
     with server.api() as api:
-        run = create(api, workload="mlp", epochs=1, batch_size=32, pg_timeout_s=10)
+        # Rank 0's all-reduce gives up after pg_timeout_s, and its teardown moves on: the dump and each rank's watch
+        # (a few seconds after the stall is flagged) must come well before that, or rank 0 is seen moving.
+        run = create(api, workload="mlp", epochs=1, batch_size=32, pg_timeout_s=20)
         assert_rank_1_named(api, run["id"], "forensics.py")  # rank 1 waits in hang_forever, outside any collective
         # Re-run with desync checks: the copy hangs the same way, and its failure explanation names rank 1.
         page = api.get(f"/runs/{run['id']}").text
         assert 'id="desync-button"' in page
         copy = api.post(f"/api/runs/{run['id']}/desync")
         assert copy.status_code == 201, copy.text
-        assert (copy.json()["desync_checks"], copy.json()["pg_timeout_s"]) == (True, 10)
+        assert (copy.json()["desync_checks"], copy.json()["pg_timeout_s"]) == (True, 20)
         done = wait_status(api, copy.json()["id"], FINAL, timeout=120)
         found = api.get(f"/api/runs/{copy.json()['id']}/diagnoses").json()
     assert done["status"] == "failed", done["status_reason"]

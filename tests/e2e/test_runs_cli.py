@@ -80,7 +80,7 @@ def test_json_output_parses_and_says_what_the_api_says(server: LiveServer, tmp_p
     got = json.loads(rankboard("runs", "get", str(run["id"]), "--json", RANKBOARD_URL=server.url).stdout)
     assert got["status"] == "succeeded" and got["events"]
     said = rankboard("runs", "get", str(run["id"]), RANKBOARD_URL=server.url).stdout.splitlines()
-    assert said[0] == f"run {run['id']} short: succeeded (training finished)"
+    assert said[0] == f"run {run['id']} {run['name']}: succeeded (training finished)"
     assert re.fullmatch(
         r"  step 128 of 128, epoch 1/1, final loss [\d.]+; created \d{4}-\d\d-\d\d \d\d:\d\d UTC", said[1]
     )
