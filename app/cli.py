@@ -1,5 +1,5 @@
 """`rankboard serve [--host H] [--port P]`, `rankboard db upgrade`, `rankboard users ...`, `rankboard tokens ...`,
-`rankboard --version`, and `rankboard runs ...` (a client of a server's API: app.runs_cli).
+`rankboard --version`, and `rankboard runs ...` (a client of a server's API: rankboard.cli).
 
 The server's packages (SQLAlchemy, pydantic, FastAPI) are imported only by the commands that need them, so that
 `rankboard runs ...` starts as fast as the standard library does."""
@@ -13,12 +13,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
-from app.errors import RankboardError, SchemaMismatch
+from app.core.errors import RankboardError, SchemaMismatch
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
-    from app.settings import Settings
+    from app.core.settings import Settings
 
 NEW_PASSWORD_ENV = "RANKBOARD_NEW_PASSWORD"  # `users add` reads the password here when it is not asked for
 SHUTDOWN_GRACE_S = 5  # what a stopping server waits for requests under way, streams included
@@ -27,13 +27,13 @@ SHUTDOWN_GRACE_S = 5  # what a stopping server waits for requests under way, str
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["runs"]:
-        from app import runs_cli
+        from rankboard import cli as runs_cli
 
         return runs_cli.main(argv[1:])
     args = parser().parse_args(argv)
     from pydantic import ValidationError
 
-    from app.settings import Settings
+    from app.core.settings import Settings
 
     overrides = {
         k: v
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rankboard: {name}: {error['msg'].removeprefix('Value error, ')}", file=sys.stderr)
         return 2
     if args.command == "db":
-        from app.db import upgrade
+        from app.core.db import upgrade
 
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         upgrade(settings.sqlalchemy_url)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from app.models import Role
+    from app.core.models import Role
 
     roles = [role.value for role in Role]
     parser = argparse.ArgumentParser(prog="rankboard", description="Start, stop and watch PyTorch DDP runs.")
@@ -97,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
 
 def manage(settings: Settings, args: argparse.Namespace) -> int:
     """The users and tokens commands, on the server's database (made or upgraded as the server would)."""
-    from app.db import make_engine, make_sessionmaker, prepare_schema
+    from app.core.db import make_engine, make_sessionmaker, prepare_schema
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.sqlalchemy_url)
@@ -113,7 +113,7 @@ def manage(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def run_command(sessions: sessionmaker[Session], args: argparse.Namespace) -> None:
-    from app.models import Role
+    from app.core.models import Role
     from app.services import tokens, users
 
     actor = f"{getpass.getuser()} (command line)"
@@ -167,9 +167,10 @@ def table(rows: list[tuple[Any, ...]]) -> None:
 def serve_app(settings: Settings) -> int:
     import uvicorn
 
-    from app import access_log, cpus
-    from app.auth.guard import refuse_bind
+    from app.core import cpus
     from app.main import create_app
+    from app.web import access_log
+    from app.web.guard import refuse_bind
 
     try:
         app = create_app(settings)  # its launcher notes every CPU for the runs, before keep_to below

@@ -15,26 +15,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from rankboard import wire
 from starlette.exceptions import HTTPException
 
-from app import __version__, logs_pages, pages, run_records_pages, users_pages
-from app.alert_sender import AlertSender
-from app.api import alerts as alerts_api
-from app.api import charts as charts_api
-from app.api import exposition, guarded, health, with_security
-from app.api import files as files_api
-from app.api import forensics as forensics_api
-from app.api import goodput as goodput_api
-from app.api import host as host_api
-from app.api import run_records as run_records_api
-from app.api import runs as runs_api
-from app.api import users as users_api
-from app.auth.guard import AuthSwitch, Guard
+from app import __version__
 from app.auth.throttle import LoginThrottle
-from app.db import make_engine, make_sessionmaker, prepare_schema
-from app.errors import FieldInvalid, FormInvalid, LoginThrottled, MethodNotAllowed, RankboardError
-from app.folders import RunFolders
-from app.ingest_threads import IngestThreads
+from app.core.db import make_engine, make_sessionmaker, prepare_schema
+from app.core.errors import FieldInvalid, FormInvalid, LoginThrottled, MethodNotAllowed, RankboardError
+from app.core.folders import RunFolders
+from app.core.settings import Settings
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
 from app.launcher.slurm import SlurmLauncher, slurm_available
@@ -43,11 +32,26 @@ from app.services.alerts import AlertRules
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
 from app.services.metrics import IngestCounters
-from app.settings import Settings
-from app.stream import SharedFragments
-from app.supervisor import Supervisor
-from app.templating import make_templates
-from trainer import wire
+from app.web.api import alerts as alerts_api
+from app.web.api import charts as charts_api
+from app.web.api import exposition, guarded, health, with_security
+from app.web.api import files as files_api
+from app.web.api import forensics as forensics_api
+from app.web.api import goodput as goodput_api
+from app.web.api import host as host_api
+from app.web.api import runs as runs_api
+from app.web.api import runs_table as runs_table_api
+from app.web.api import users as users_api
+from app.web.guard import AuthSwitch, Guard
+from app.web.pages import logs as logs_pages
+from app.web.pages import runs as pages
+from app.web.pages import runs_table as runs_table_pages
+from app.web.pages import users as users_pages
+from app.web.stream import SharedFragments
+from app.web.templating import make_templates
+from app.workers.alert_sender import AlertSender
+from app.workers.ingest_threads import IngestThreads
+from app.workers.supervisor import Supervisor
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -92,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Start, stop and watch PyTorch DDP training runs.",
-        docs_url=None,  # FastAPI's own /docs and /redoc load their scripts from a CDN: app.pages serves /docs locally
+        docs_url=None,  # FastAPI's own /docs and /redoc load their scripts from a CDN: the pages serve /docs locally
         redoc_url=None,
     )
     app.state.settings, app.state.sessions, app.state.launcher = settings, sessions, launcher
@@ -110,7 +114,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(host_api.router, responses=guarded())
     app.include_router(runs_api.router, responses=guarded())
-    app.include_router(run_records_api.router, responses=guarded())
+    app.include_router(runs_table_api.router, responses=guarded())
     app.include_router(forensics_api.router, responses=guarded())
     app.include_router(goodput_api.router, responses=guarded())
     app.include_router(charts_api.router, responses=guarded())
@@ -121,7 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.prometheus:
         app.include_router(exposition.router, responses=guarded())
     app.include_router(users_pages.router)
-    app.include_router(run_records_pages.router)
+    app.include_router(runs_table_pages.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_exception_handler(405, _method_not_allowed)  # type: ignore[arg-type]

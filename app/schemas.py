@@ -16,9 +16,9 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
+from rankboard import wire
 
-from app.models import RunStatus
-from trainer import wire
+from app.core.models import RunStatus
 
 
 class Body(BaseModel):
@@ -419,7 +419,7 @@ class EndedIn(Body):
 
 
 class BatchIn(Body):
-    """A batch of metric points from a trainer, with its progress, node inventory and heartbeat; see `trainer.wire`."""
+    """A batch of metric points from a trainer, with its progress, node inventory and heartbeat (`rankboard.wire`)."""
 
     points: list[PointIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
     columns: list[ColumnIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
@@ -706,7 +706,7 @@ class CollectiveIn(Body):
 
 
 class RankDumpIn(Body):
-    """One rank's answer to a dump request; see `trainer.wire.RankDump`."""
+    """One rank's answer to a dump request; see `rankboard.wire.RankDump`."""
 
     request: int = Field(ge=1)
     rank: int = Field(ge=0, le=wire.MAX_RANK)

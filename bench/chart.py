@@ -30,9 +30,9 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Run, RunStatus
-from app.settings import Settings
 from app.store import charts as chart_store
 from app.store import chunks
 from app.store import metrics as metric_store
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")  # the name TestClient sends (app.auth.guard)
+    os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")  # the name TestClient sends (app.web.guard)
     with tempfile.TemporaryDirectory() as root:
         settings = Settings(data_dir=Path(root) / "data", shared_dir=Path(root) / "shared", supervise_interval_s=3600)
         app = create_app(settings)

@@ -49,7 +49,7 @@ def main() -> None:
                 "curl /api/runs?limit=50": [curl, "-sf", f"{server.url}/api/runs?limit=50"],
                 "rankboard runs list": [RANKBOARD, "runs", "list", "--url", server.url],
                 "rankboard runs list --json": [RANKBOARD, "runs", "list", "--json", "--url", server.url],
-                "python: import the CLI, no request": [sys.executable, "-c", "import app.runs_cli"],
+                "python: import the CLI, no request": [sys.executable, "-c", "import rankboard.cli"],
                 "python -c pass (start-up alone)": [sys.executable, "-c", "pass"],
             }
             times: dict[str, list[float]] = {name: [] for name in commands}

@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import psutil
+from rankboard.report import Reporter
 from sqlalchemy import func, select
 
-from app.db import make_engine
-from app.models import MetricChunk, MetricSeries
+from app.core.db import make_engine
+from app.core.models import MetricChunk, MetricSeries
 from tests.live import LiveServer, open_run
-from trainer.report import Reporter
 
 TOKEN = "bench-token"
 

@@ -28,8 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from rankboard import wire
+
 from bench.trainer_speed import outside_dashboard, steps_per_s
-from trainer import wire
 from trainer.goodput import Ledger
 
 

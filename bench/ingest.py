@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+from rankboard import wire
+
 from tests.live import LiveServer, open_run
 from tests.postgres import new_database, postgres_server
-from trainer import wire
 
 TOKEN = "bench-token"
 

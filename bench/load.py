@@ -54,12 +54,12 @@ from pathlib import Path
 
 import httpx
 import psutil
+from rankboard import wire
+from rankboard.report import IngestConnection
 from sqlalchemy import text
 
-from app.db import make_engine
+from app.core.db import make_engine
 from tests.live import LiveServer, open_run
-from trainer import wire
-from trainer.report import IngestConnection
 
 TOKEN = "bench-token"
 HOST = "bench-node"

@@ -17,9 +17,9 @@ import tempfile
 import time
 
 import torch
+from rankboard import wire
+from rankboard.report import Reporter
 
-from trainer import wire
-from trainer.report import Reporter
 from trainer.workloads import WORKLOADS
 
 

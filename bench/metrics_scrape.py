@@ -15,8 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from rankboard import wire
+
 from tests.live import LiveServer, open_run
-from trainer import wire
 
 NOW = 1_790_000_000
 TOKEN = "bench-token"

@@ -25,8 +25,8 @@ from alembic.command import upgrade
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.db import alembic_config, make_engine
-from app.models import Run, RunStatus
+from app.core.db import alembic_config, make_engine
+from app.core.models import Run, RunStatus
 from app.store import metrics as metric_store
 
 RUNS = 100

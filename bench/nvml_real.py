@@ -1,4 +1,4 @@
-"""The real NVML path, on a machine with NVIDIA GPUs: every pynvml call `trainer.gpu` makes, one sampling pass as
+"""The real NVML path, on a machine with NVIDIA GPUs: every pynvml call `rankboard.gpu` makes, one sampling pass as
 the trainer's sampler makes it, and what each costs.
 
     .venv/bin/python bench/nvml_real.py [--repeats 200]
@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rankboard import gpu, wire
+
 from app.services.host import HostSampler
-from trainer import gpu, wire
 
 
 def median_us(work: Callable[[], object], repeats: int) -> float:

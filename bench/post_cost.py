@@ -44,10 +44,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+from rankboard import wire
 
 from bench.trainer_speed import SUPERVISE_INTERVAL_S
 from tests.live import LiveServer, open_run
-from trainer import wire
 
 TOKEN = "bench-token"
 KEYS = ("loss", "lr", "grad_norm", "samples_per_s")

@@ -71,13 +71,13 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import func, insert, select, text, update
 
+from app.core.models import Run, RunStatus, RunTag
+from app.core.settings import Settings
 from app.launcher import processes
 from app.main import create_app
-from app.models import Run, RunStatus, RunTag
 from app.schemas import BatchIn, RunCreate
 from app.services import metrics, run_deletion
 from app.services.runs import hash_token
-from app.settings import Settings
 from bench.chart import median_ms
 
 TOKEN = "bench-t0ken"
@@ -209,7 +209,7 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true")
     parser.add_argument("--sizes-only", action="store_true", help="build the store, print its size, and stop")
     args = parser.parse_args()
-    os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")  # the name TestClient sends (app.auth.guard)
+    os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")  # the name TestClient sends (app.web.guard)
     with tempfile.TemporaryDirectory() as tmp, database(args.postgres, Path(tmp)) as url:
         root = Path(tmp)
         settings = Settings(data_dir=root / "data", shared_dir=root / "shared", supervise_interval_s=3600,

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import httpx
 import psutil
+from rankboard import wire
 
 from tests.live import LiveServer, open_run
-from trainer import wire
 
 TOKEN = "bench-token"
 HOST = "bench-node"

@@ -5,8 +5,8 @@
 The server supervises every 0.5 s (RANKBOARD_SUPERVISE_INTERVAL_S) on the node that trains, so what a tick takes is
 taken from training (bench/trainer_speed.py). The store, made through the project's own schema: one running run (this
 process, so that the tick finds it alive) and N queued runs, each asking for 2 of the server's 1 process slot, so that
-they wait. The tick is app.supervisor.Supervisor.tick, called in process (no thread, no server). Figures: the median
-tick over --repeats, and the share of a core that makes at the default interval.
+they wait. The tick is Supervisor.tick (app/workers/supervisor.py), called in process (no thread, no server).
+Figures: the median tick over --repeats, and the share of a core that makes at the default interval.
 
 Last measured (this 2-core machine, 2026-11-23), a tick and its share of a core at one tick every 0.5 s:
     queued runs            0          100          1,000          5,000
@@ -31,9 +31,9 @@ from pathlib import Path
 
 from sqlalchemy import update
 
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Run, RunStatus
-from app.settings import Settings
 from bench.chart import median_ms
 from bench.runs_table import insert_runs
 

@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from trainer import wire
+from rankboard import wire
 
 # The client makes its reporter, and starts its thread, when imported inside a run: hide the run while importing it,
 # so that the thread is made after its method is wrapped below (then on the first report, as the client also does).
 _run_id = os.environ.pop(wire.ENV_RUN_ID, None)
-from trainer import gpu, report  # noqa: E402
+from rankboard import gpu, report  # noqa: E402
+
 from trainer.train import main as train  # noqa: E402
 
 if _run_id is not None:

@@ -188,12 +188,12 @@ from typing import Any
 
 import psutil
 import torch
+from rankboard import report, wire
 
-from app import cpus
-from app.models import RunStatus, utcnow
-from app.settings import Settings
+from app.core import cpus
+from app.core.models import RunStatus, utcnow
+from app.core.settings import Settings
 from tests.live import LiveServer, open_run, set_run
-from trainer import report, wire
 
 REPO = Path(__file__).resolve().parents[1]
 SUPERVISE_INTERVAL_S = str(Settings.model_fields["supervise_interval_s"].default)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from rankboard import report  # Rankboard: the client (also `trainer.report`, unless a trainer.py of yours is here)
+from rankboard import report  # Rankboard: the client
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset

@@ -1,9 +1,9 @@
-"""Alembic's entry point: runs migrations on the URL the caller configured (`app.db.alembic_config`)."""
+"""Alembic's entry point: runs migrations on the URL the caller configured (`app.core.db.alembic_config`)."""
 
 from alembic import context
 
-from app.db import make_engine
-from app.models import Base
+from app.core.db import make_engine
+from app.core.models import Base
 
 config = context.config
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.db import upgrade
+from app.core.db import upgrade
+from app.core.settings import Settings
 from app.launcher.local import visible_gpus
 from app.main import create_app
-from app.settings import Settings
 from tests.live import LiveServer, serving
 
-# FastAPI's TestClient sends `Host: testserver`; the server answers only to the names it is told (app.auth.guard).
+# FastAPI's TestClient sends `Host: testserver`; the server answers only to the names it is told (app.web.guard).
 os.environ.setdefault("RANKBOARD_ALLOWED_HOSTS", "testserver")
 # The suite is the CPU suite (gloo), on a GPU node too: there two ranks of a test's run would share one GPU, which
 # NCCL refuses ("Duplicate GPU detected"). Hidden from the session, no server hands out a GPU nor trainer sees one.

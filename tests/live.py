@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
+from rankboard import wire
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from app.db import make_engine
+from app.core.db import make_engine
+from app.core.models import Run, RunStatus, utcnow
 from app.launcher import processes
-from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
 from app.services.runs import hash_token
 from app.store import runs as run_store
-from trainer import wire
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

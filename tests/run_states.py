@@ -22,16 +22,16 @@ from typing import Any
 
 import httpx
 import torch
+from rankboard import wire
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
+from app.core.models import Run, RunRank, RunStatus, utcnow
 from app.launcher import processes
 from app.launcher.local import LAUNCH_MARKER, LAUNCHER_LOG
-from app.models import Run, RunRank, RunStatus, utcnow
 from app.schemas import RunCreate
 from app.services.runs import hash_token
 from app.store import runs as run_store
-from trainer import wire
 
 TOKEN = "walk-t0ken"
 HOST = "node-a"

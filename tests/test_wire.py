@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import get_args
 
+from rankboard import wire
+
 from app.schemas import BestMetric
-from trainer import wire
 from trainer.workloads import WORKLOADS
 
 

@@ -1,8 +1,6 @@
-"""Rankboard's trainer: runs on the compute nodes under torchrun and needs only torch and the standard library.
+"""Rankboard's built-in DDP program: `python -m trainer` under torchrun, needing only torch and the standard library.
 
-`python -m trainer --help` lists the options. `trainer.report` sends a script's own metrics to the dashboard; it is
-installed a second time as `rankboard.report` (pyproject.toml maps the package `rankboard` to this folder), for a
-script beside a `trainer.py` of its own, so the client's modules import each other relatively;
-`trainer.wire` is the contract with the server, and the only module the server imports. Nothing is imported here,
-so that importing `trainer.wire` does not pull in torch.
+`python -m trainer --help` lists the options. It reports through the client, `rankboard` (the folder
+`trainer/rankboard/`, installed under its own name), exactly as a user's own script does: `from rankboard import
+report`. Nothing is imported here, so that importing a module of this package does not pull in torch.
 """

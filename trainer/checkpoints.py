@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
+from rankboard import wire
 from torch import nn
-
-from trainer import wire
 
 # What torch.save writes since torch 1.6 is a zip archive; anything else was not written by this trainer.
 _ZIP_MAGIC = b"PK\x03\x04"

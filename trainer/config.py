@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer import wire
+from rankboard import wire
+
 from trainer.workloads import WORKLOADS
 
 

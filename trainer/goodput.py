@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 
-from trainer import report, wire
+from rankboard import report, wire
 
 
 def process_start_unix() -> float:

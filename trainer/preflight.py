@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from rankboard import wire
 
-from trainer import wire
 from trainer.checkpoints import write_atomically
 
 ENV_OVERRIDE = "RANKBOARD_PREFLIGHT_OVERRIDE"

@@ -29,12 +29,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rankboard import gpu, report, wire
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from trainer import checkpoints, comm, forensics, gpu, preflight, report, watch, wire
+from trainer import checkpoints, comm, faults, preflight, watch
 from trainer.checkpoints import CheckpointError, one_line, write_atomically
 from trainer.comm import CommTimer
 from trainer.config import TrainConfig
@@ -187,7 +188,7 @@ class Trainer:
         policy = checkpoints.Policy(config.keep_last, config.keep_best, config.best_metric)
         self.retention = checkpoints.Retention(Path(config.checkpoint_dir), policy, cluster.say)
         self.model, self.optimizer, self.scheduler = self._build_model()
-        self.fault = forensics.Fault.from_env()  # None but in tests
+        self.fault = faults.Fault.from_env()  # None but in tests
         self.nonfinite = watch.NonFiniteWatch(cluster.rank, cluster.say)
         self.fingerprint = watch.ReplicaFingerprint(self.model, config.fingerprint_every, cluster.rank, cluster.say)
         self.skipped_update = False  # stop_on_nonfinite left the last step's non-finite gradients unapplied
@@ -349,7 +350,7 @@ class Trainer:
             loss, grad_norm = self._optimizer_step(micro_batches)
             self.step, self.epoch_step = self.step + 1, self.epoch_step + 1
             if self.fault and self.fault.hits("hang", rank=self.cluster.rank, step=self.step):
-                forensics.hang_forever()  # a test's rank that never reaches the step's all_reduce
+                faults.hang_forever()  # a test's rank that never reaches the step's all_reduce
             if self.config.desync_checks:  # raises "Rank 1 failed to pass monitoredBarrier", naming it
                 dist.monitored_barrier(self.desync_group, timeout=timedelta(seconds=self.config.pg_timeout_s))
             stop = self._agree(loss, grad_norm)  # waits for the step's work: the times below include it

@@ -8,8 +8,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-
-from trainer import report, wire
+from rankboard import report, wire
 
 
 class NonFiniteWatch:

@@ -20,10 +20,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from rankboard import wire
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
-
-from trainer import wire
 
 _DATA_SEED = 20_240_601
 _CLASSES = 10

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from app.models import Role
+from app.core.models import Role
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Open to anyone: the login page, the static files (vendored scripts and styles), the health check start-up scripts

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.models import Run, RunStatus
+from app.core.models import Run, RunStatus
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class LaunchRefused(Exception):
 
 
 class Launcher(Protocol):
-    """The process side of a run; its folders belong to storage (app.folders), its options to the run."""
+    """The process side of a run; its folders belong to storage (app.core.folders), its options to the run."""
 
     name: str  # as the API and the pages say it: "local", "slurm"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.errors import FieldInvalid
+from app.core.errors import FieldInvalid
+from app.core.models import Run
 from app.launcher.interface import Launcher
 from app.launcher.local import LocalLauncher
 from app.launcher.slurm import SlurmLauncher
-from app.models import Run
 
 
 @dataclass(frozen=True)

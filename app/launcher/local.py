@@ -13,13 +13,14 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from app import cpus
-from app.folders import RunFolders
+from rankboard import gpu, wire
+
+from app.core import cpus
+from app.core.folders import RunFolders
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.launcher import processes, program
 from app.launcher.interface import JobView, Launch, Requeue
-from app.models import Run, RunStatus
-from app.settings import Settings
-from trainer import gpu, wire
 
 EXIT_FILE = "exit.json"
 LAUNCHER_LOG = "launcher.log"  # torchrun's own output; the ranks' goes to ranks/
@@ -58,7 +59,7 @@ class LocalLauncher:
         # process each; on a host without GPUs, process slots numbered from 0.
         self.slots = self.gpus[:wanted] if self.gpus else list(range(wanted))
         self._children: dict[int, subprocess.Popen[bytes]] = {}
-        # Where the server keeps to some CPUs (app.cpus), the runs get back every one it was started with.
+        # Where the server keeps to some CPUs (app.core.cpus), the runs get back every one it was started with.
         self.run_cpus = cpus.available() if settings.server_cpus else None
 
     @property

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 
-from app.folders import RunFolders
-from app.models import Run
-from trainer import wire
+from rankboard import wire
+
+from app.core.folders import RunFolders
+from app.core.models import Run
 
 # The run's columns that `python -m trainer` takes as flags of the same names.
 TRAINER_OPTIONS = (

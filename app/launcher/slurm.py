@@ -22,13 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.folders import RunFolders
+from rankboard import wire
+
+from app.core.folders import RunFolders
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.launcher import program
 from app.launcher.interface import JobView, Launch, LaunchRefused, Requeue
 from app.launcher.local import EXIT_FILE, LAUNCH_MARKER, WORKER_FAILURE, describe_failure, read_exit_code
-from app.models import Run, RunStatus
-from app.settings import Settings
-from trainer import wire
 
 log = logging.getLogger(__name__)
 

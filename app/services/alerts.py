@@ -2,7 +2,7 @@
 disk nearly full), one alert per condition per run until it clears, and its deliveries queued for the webhooks that
 asked for it.
 
-The supervisor's tick calls `check` inside its own transaction: it only writes rows. Sending is app.alert_sender's
+The supervisor's tick calls `check` inside its own transaction: it only writes rows. Sending is the alert sender's
 background thread, outside any transaction, so a slow or dead receiver never holds up a tick or a request.
 """
 
@@ -18,11 +18,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from app.errors import RunNotFound
-from app.models import Alert, AlertDelivery, Run, RunStatus
+from app.core.errors import RunNotFound
+from app.core.models import Alert, AlertDelivery, Run, RunStatus
+from app.core.settings import ALERT_CONDITIONS, Settings, Webhook
 from app.schemas import AlertDeliveryOut, AlertsOut, WebhookOut
 from app.services import health, storage
-from app.settings import ALERT_CONDITIONS, Settings, Webhook
 from app.store import alerts as alert_store
 from app.store import health as health_store
 from app.store import metrics as metric_store

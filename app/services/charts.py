@@ -7,7 +7,7 @@ import operator
 
 from sqlalchemy.orm import Session
 
-from app.errors import FieldInvalid, SeriesNotFound
+from app.core.errors import FieldInvalid, SeriesNotFound
 from app.schemas import ChartOut, ChartRankOut
 from app.services import runs
 from app.store import charts as chart_store

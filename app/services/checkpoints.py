@@ -12,17 +12,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from rankboard import wire
 from sqlalchemy.orm import Session
 
-from app.errors import FieldInvalid, NotACheckpoint, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
-from app.folders import RunFolders
-from app.humanize import size as size_text
-from app.models import Run
+from app.core.errors import FieldInvalid, NotACheckpoint, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
+from app.core.folders import RunFolders
+from app.core.humanize import size as size_text
+from app.core.models import Run
 from app.schemas import CheckpointOut, CheckpointRemoval, Deletion, Inspection, RunCreate
 from app.services import storage
 from app.store import audit
 from app.store import runs as run_store
-from trainer import wire
 
 INSPECT_TIMEOUT_S = 60.0
 INSPECT_MAX_RSS = 2 << 30  # bytes; the probe memory-maps tensors, so even a large file needs little
@@ -181,7 +181,8 @@ def inspect(root: Path, relative: str) -> Inspection:
     path = storage.existing(root, relative)
     if not path.is_file():
         raise NotACheckpoint(f"{relative!r} is a folder, not a checkpoint file")
-    child = subprocess.Popen([sys.executable, "-m", "app.checkpoint_probe", str(path)], stdin=subprocess.DEVNULL,
+    probe = [sys.executable, "-m", "app.services.checkpoint_probe", str(path)]
+    child = subprocess.Popen(probe, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     started = time.monotonic()
     while True:

@@ -12,8 +12,8 @@ from statistics import fmean
 
 from sqlalchemy.orm import Session, object_session
 
-from app.errors import RunNotFound
-from app.models import Run
+from app.core.errors import RunNotFound
+from app.core.models import Run
 from app.store import comm as comm_store
 from app.store import runs as run_store
 

@@ -8,14 +8,14 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session
 
-from app.errors import FieldInvalid
-from app.forms import as_form_text
-from app.models import MetricSummary, Run
-from app.run_query import NOT_COLUMNS, STATS
+from app.core.errors import FieldInvalid
+from app.core.models import MetricSummary, Run
 from app.schemas import ComparedMetricOut, ComparedOptionOut, ComparedRunOut, CompareOut, RunCreate
 from app.services import runs
+from app.services.runs_table_query import NOT_COLUMNS, STATS
 from app.store import metrics as metric_store
-from app.store import run_table as table_store
+from app.store import runs_table as table_store
+from app.web.forms import as_form_text
 
 MIN_RUNS, MAX_RUNS = 2, 10
 

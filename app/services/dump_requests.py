@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from app.models import Run, utcnow
+from app.core.models import Run, utcnow
 
 # How long the ranks are asked: a rank answers within a heartbeat interval (2 s) when it can at all; a rank whose
 # reporter was away (the server restarting, a network cut) still answers when it comes back within this.

@@ -13,7 +13,7 @@ from functools import partial
 
 from sqlalchemy.orm import Session
 
-from app.models import RunStatus
+from app.core.models import RunStatus
 from app.services.metrics import IngestCounters
 from app.store import exposition as store
 from app.store import metrics as metric_store

@@ -17,8 +17,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.auth.passwords import sha256
-from app.errors import RunNotActive
-from app.models import Run, RunStatus, RunToken, utcnow
+from app.core.errors import RunNotActive
+from app.core.models import Run, RunStatus, RunToken, utcnow
 from app.schemas import EndedIn, JoinIn, JoinOut
 from app.store import audit
 from app.store import metrics as metric_store

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.folders import RunFolders
+from app.core.folders import RunFolders
+from app.core.models import Run
 from app.launcher.slurm import JOB_SCRIPT
-from app.models import Run
 from app.services import logs
 
 

@@ -17,16 +17,16 @@ from datetime import UTC, datetime
 from statistics import fmean, median
 from typing import Literal
 
+from rankboard import wire
 from sqlalchemy.orm import Session, object_session
 
-from app.errors import RunNotFound
-from app.models import Run
+from app.core.errors import RunNotFound
+from app.core.models import Run
 from app.schemas import DivergenceOut, FindingsOut, NonFiniteOut, StragglerOut
 from app.store import findings as findings_store
 from app.store import metrics as metric_store
 from app.store import ranks as rank_store
 from app.store import runs as run_store
-from trainer import wire
 
 MAX_RANKS_NAMED = 64
 STREAK = 3  # reports in a row

@@ -1,8 +1,8 @@
 """Which rank, and why: dump every rank's stacks on request, and name the rank the others wait for.
 
 A request is a number on the run (`dump_request`); while it is fresh, the reply to every ingest POST names it, and
-each rank's reporter thread (trainer/report.py), which runs while the main thread blocks in a collective, answers it
-once with its stacks and flight recorder (trainer/forensics.py). The answers are kept in the run folder,
+each rank's reporter thread (rankboard/report.py), which runs while the main thread blocks in a collective, answers it
+once with its stacks and flight recorder (trainer/rankboard/forensics.py). The answers are kept in the run folder,
 `dumps/<request>/rank-<rank>.json`, and read back for the run page and the API. No open port on the ranks, no
 ptrace: the request rides on the connection each rank already has, from any node.
 
@@ -23,13 +23,13 @@ from typing import Literal
 from pydantic import ValidationError
 from sqlalchemy.orm import Session, object_session
 
-from app.errors import FieldInvalid, InvalidToken, RunNotActive
-from app.folders import RunFolders
+from app.core.errors import FieldInvalid, InvalidToken, RunNotActive
+from app.core.folders import RunFolders
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.launcher.launchers import Launchers
-from app.models import Run, RunStatus
 from app.schemas import DumpOut, DumpsOut, RankDumpIn, RankStateOut, RunCreate
 from app.services import dump_requests, external, metrics, runs
-from app.settings import Settings
 from app.store import audit
 from app.store import ranks as rank_store
 

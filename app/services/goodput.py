@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from rankboard import wire
 from sqlalchemy.orm import Session, object_session
 
-from app.errors import RunNotFound
-from app.folders import RunFolders
-from app.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
+from app.core.errors import RunNotFound
+from app.core.folders import RunFolders
+from app.core.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
 from app.services import comm, health, mfu, preflight, runs, sweeps
 from app.store import goodput as goodput_store
 from app.store import runs as run_store
-from trainer import wire
 
 # The parts, in the order the bar shows them, with what a person reads; "training" is the good one.
 PART_LABELS = {

@@ -1,7 +1,7 @@
 """Is a running run still progressing? Stalled ranks, and the GPU signature of a hung NCCL collective.
 
 A run whose processes are gone is the supervisor's business (lost, failed). This is the other way a run dies: every
-process alive, nothing moving. Each rank sends its own heartbeat, and only when its step moved (trainer/report.py),
+process alive, nothing moving. Each rank sends its own heartbeat, and only when its step moved (rankboard/report.py),
 so a rank that hangs, and every rank waiting for it in a collective, shows as a heartbeat going stale. While they
 wait, their GPUs spin in NCCL's kernels at "100% utilization": the GPU samples tell that apart from an idle hang.
 """
@@ -15,9 +15,9 @@ from typing import Literal
 
 from sqlalchemy.orm import Session, object_session
 
-from app.errors import RunNotFound
-from app.humanize import duration
-from app.models import Run, RunRank, RunStatus, utcnow
+from app.core.errors import RunNotFound
+from app.core.humanize import duration
+from app.core.models import Run, RunRank, RunStatus, utcnow
 from app.schemas import StragglerOut
 from app.services import dump_requests, findings
 from app.store import health as health_store

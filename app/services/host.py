@@ -1,6 +1,6 @@
 """This server's own host, now: each GPU, its load, and which run holds it; CPU and memory where NVML finds none.
 
-It reads NVML through `trainer.gpu`, the interface the trainer's sampler uses, so the fake NVML that CI runs on
+It reads NVML through `rankboard.gpu`, the interface the trainer's sampler uses, so the fake NVML that CI runs on
 serves both. NVML is opened once per app and read under a lock: the routes that call this are sync functions,
 which FastAPI runs in its threadpool, so a slow NVML call never holds up the event loop, and two requests never
 read NVML at once.
@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rankboard import gpu, wire
 from sqlalchemy.orm import Session
 
-from app.models import Run, RunStatus
+from app.core.models import Run, RunStatus
 from app.schemas import GpuHolderOut, GpuProcessOut, HostGpuOut, HostOut
 from app.store import runs as run_store
-from trainer import gpu, wire
 
 HOLDS_GPUS = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
 CPU_MIN_INTERVAL_S = 0.5  # psutil advises at least 0.1 s between the readings a CPU percent is measured over

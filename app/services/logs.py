@@ -14,13 +14,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.diagnose import Diagnosis, LogText, diagnose, root_cause_ranks
-from app.errors import FieldInvalid, PathNotFound
-from app.folders import RunFolders
+from rankboard import wire
+
+from app.core.errors import FieldInvalid, PathNotFound
+from app.core.folders import RunFolders
+from app.core.models import Run, RunStatus
 from app.launcher.local import LAUNCHER_LOG, latest_launch
 from app.launcher.slurm import AGENT_LOGS, OUTPUT_FILE, SlurmLauncher
-from app.models import Run, RunStatus
-from trainer import wire
+from app.services.diagnose import Diagnosis, LogText, diagnose, root_cause_ranks
 
 STREAMS = ("stdout", "stderr")
 LAUNCHER = "launcher"  # the rank segment that names the launcher's own output
@@ -47,7 +48,7 @@ class LogFile:
     modified: float
     attempt: int | None  # torchrun's restart attempt the file belongs to; None for the launcher's
     path: Path
-    # No rank marker (a script that does not import trainer.report) on a run of several agents: the rank is the
+    # No rank marker (a script that does not import rankboard.report) on a run of several agents: the rank is the
     # agent's index times nproc_per_node plus the local rank, which c10d's rendezvous order need not follow.
     rank_guessed: bool = False
 

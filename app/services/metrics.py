@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
+from rankboard import wire
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from app.errors import InvalidToken, RunNotActive, SeriesNotFound
-from app.models import Run, RunStatus, utcnow
+from app.core.errors import InvalidToken, RunNotActive, SeriesNotFound
+from app.core.models import Run, RunStatus, utcnow
 from app.schemas import BatchIn, IngestResult, PointOut, SeriesOut
 from app.services import dump_requests, external, nodes, runs
 from app.store import charts as chart_store
@@ -22,12 +23,11 @@ from app.store import metrics as metric_store
 from app.store import runs as run_store
 from app.store import summaries as summary_store
 from app.store.metrics import SeriesPoint, StoredPoint
-from trainer import wire
 
 log = logging.getLogger(__name__)
 # Queued too: a Slurm job may start, and its trainer post, before the server sees it leave Slurm's queue.
 ACCEPTS_METRICS = (RunStatus.queued, RunStatus.starting, RunStatus.running, RunStatus.stopping)
-# The keys of GPU and host samples (trainer.gpu), logged at step = unix seconds: "gpu/", "sys/".
+# The keys of GPU and host samples (rankboard.gpu), logged at step = unix seconds: "gpu/", "sys/".
 CLOCK_STEPPED = (wire.GPU_KEY.partition("{")[0], wire.SYS_KEY.partition("{")[0])
 
 

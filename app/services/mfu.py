@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rankboard import wire
 from sqlalchemy.orm import Session, object_session
 
-from app.models import Run
+from app.core.models import Run
 from app.services import runs
 from app.store import metrics as metric_store
-from trainer import wire
 
 TERA = 1e12
 # Dense peak TFLOP/s by GPU model (matched against NVML's name, most specific first) and precision: bf16 and fp16

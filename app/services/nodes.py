@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from app.errors import RunNotFound
-from app.models import Run, utcnow
+from app.core.errors import RunNotFound
+from app.core.models import Run, utcnow
 from app.schemas import HeartbeatIn, NodeIn, RankOut
 from app.store import ranks as rank_store
 from app.store import runs as run_store

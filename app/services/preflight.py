@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+from rankboard import wire
 from sqlalchemy.orm import Session
 
-from app.folders import RunFolders
-from app.models import Run
+from app.core.folders import RunFolders
+from app.core.models import Run
 from app.services import runs
-from trainer import wire
 
 MAX_BYTES = 1_000_000  # a result of thousands of ranks is far less; anything larger was not written by the trainer
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.models import Run
+from app.core.models import Run
 from app.store import metrics as metric_store
 
 GPU_KEY = re.compile(r"^gpu/(?P<host>[^/]+)/(?P<index>\d+)/(?P<field>[a-z_]+)$")

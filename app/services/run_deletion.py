@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
-from app.errors import RunNotActive, RunNotFound
-from app.folders import RunFolders
-from app.models import MetricSeries, Run, utcnow
+from app.core.errors import RunNotActive, RunNotFound
+from app.core.folders import RunFolders
+from app.core.models import MetricSeries, Run, utcnow
 from app.services import runs
 from app.store import audit, chunks
 

@@ -8,22 +8,22 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from rankboard import wire
 from sqlalchemy.orm import Session
 
-from app.errors import FieldInvalid, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
-from app.folders import RunFolders
+from app.core.errors import FieldInvalid, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
+from app.core.folders import RunFolders
+from app.core.models import Run, RunStatus, utcnow
+from app.core.settings import Settings
 from app.launcher import slurm
 from app.launcher.interface import JobView, Launcher, LaunchRefused
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
-from app.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
 from app.services import alerts, checkpoints, external, files, health, logs, metrics, storage
-from app.settings import Settings
 from app.store import audit
 from app.store import metrics as metric_store
 from app.store import runs as run_store
-from trainer import wire
 
 ACTIVE = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
 RESUMABLE = (RunStatus.stopped, RunStatus.failed, RunStatus.lost)

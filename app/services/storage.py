@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from app.errors import PathNotFound, PathOutsideRoot, PathTooLong
+from app.core.errors import PathNotFound, PathOutsideRoot, PathTooLong
 
 # A folder's size counts at most this many entries below it, so a huge datasets/ tree cannot stall a page.
 SIZE_SCAN_LIMIT = 20_000

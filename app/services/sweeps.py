@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
-from app.errors import FieldInvalid
-from app.folders import RunFolders
+from app.core.errors import FieldInvalid
+from app.core.folders import RunFolders
+from app.core.models import Run
+from app.core.settings import Settings
 from app.launcher.launchers import Launchers
-from app.models import Run
 from app.schemas import RunCreate
 from app.services import comm, runs
-from app.settings import Settings
 
 MAX_PROCESSES = 64
 

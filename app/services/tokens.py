@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from app.auth.passwords import new_secret, sha256
 from app.auth.policy import Caller
-from app.errors import FieldInvalid, TokenNotFound, UserNotFound
-from app.models import ROLE_ORDER, ApiToken, Role, utcnow
+from app.core.errors import FieldInvalid, TokenNotFound, UserNotFound
+from app.core.models import ROLE_ORDER, ApiToken, Role, utcnow
 from app.store import audit
 from app.store import users as user_store
 

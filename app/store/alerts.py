@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Alert, AlertDelivery
+from app.core.models import Alert, AlertDelivery
 
 PENDING, SENT, FAILED = "pending", "sent", "failed"
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import AuditEntry
+from app.core.models import AuditEntry
 
 
 def record(db: Session, *, actor: str, action: str, run_id: int | None = None, detail: str = "") -> None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import Table, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.models import MetricSummary, Run, RunStatus
+from app.core.models import MetricSummary, Run, RunStatus
 
 SUMMARIES: Table = MetricSummary.__table__  # type: ignore[assignment]
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Run
+from app.core.models import Run
 from app.store import chunks
 from app.store.metrics import SERIES
 

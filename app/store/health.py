@@ -10,7 +10,7 @@ import numpy as np
 from sqlalchemy import Select, bindparam, or_, select
 from sqlalchemy.orm import Session
 
-from app.models import RunEvent
+from app.core.models import RunEvent
 from app.store import chunks
 from app.store.metrics import SERIES
 

@@ -10,7 +10,7 @@ from sqlalchemy import Insert, Table, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import MetricSeries, RecentHead, RecentPoints
+from app.core.models import MetricSeries, RecentHead, RecentPoints
 from app.store import chunks
 
 # How many of the newest points the log for live pages keeps (`points_after`): about 25 MB. A page that falls

@@ -8,7 +8,7 @@ from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import RunRank
+from app.core.models import RunRank
 
 RANKS: Table = RunRank.__table__  # type: ignore[assignment]
 

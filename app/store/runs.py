@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Alert, Run, RunEvent, RunStatus, RunToken
+from app.core.models import Alert, Run, RunEvent, RunStatus, RunToken
 
 
 def get_run(db: Session, run_id: int) -> Run | None:

@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import delete, exists, func, select
 from sqlalchemy.orm import Session
 
-from app.models import ApiToken, LoginSession, Role, User
+from app.core.models import ApiToken, LoginSession, Role, User
 
 
 def any_user(db: Session) -> bool:

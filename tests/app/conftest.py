@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
+from rankboard import wire
 
-from app.models import Run, RunStatus, utcnow
+from app.core.models import Run, RunStatus, utcnow
 from app.services.runs import hash_token
 from app.store import runs as run_store
-from trainer import wire
 
 TOKEN = "t0ken-for-tests"
 

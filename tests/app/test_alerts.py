@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rankboard import wire
 
+from app.core.models import Run, RunStatus, utcnow
+from app.core.settings import Settings
 from app.launcher import processes
 from app.main import create_app
-from app.models import Run, RunStatus, utcnow
 from app.services.runs import hash_token
-from app.settings import Settings
 from tests.app.conftest import TOKEN, post
 from tests.live import free_port, wait_for
-from trainer import wire
 
 FAILING = "import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n"
 

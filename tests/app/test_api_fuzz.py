@@ -16,21 +16,21 @@ import schemathesis
 import torch
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
+from rankboard import wire
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
 
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Run, RunStatus
 from app.schemas import BatchIn
 from app.services import metrics
 from app.services.runs import hash_token
-from app.settings import Settings
 from tests.app.conftest import TOKEN as RUN_TOKEN
 from tests.app.conftest import running_run
-from trainer import wire
 
 TOKEN = "fuzz-token"
 CHECKS = [schemathesis.checks.not_a_server_error, status_code_conformance, content_type_conformance,

@@ -18,11 +18,11 @@ from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from app.core.models import Role, Run, RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Role, Run, RunStatus
 from app.services import tokens, users
 from app.services.runs import hash_token
-from app.settings import Settings
 from tests.app.conftest import batch
 
 ADMIN_PASSWORD = "admin-pass-0451"
@@ -361,7 +361,7 @@ def test_a_token_is_shown_once_listed_with_its_use_and_revocable(guarded: Guarde
 
 
 def test_an_expired_token_is_refused(guarded: Guarded) -> None:
-    from app.models import ApiToken, utcnow
+    from app.core.models import ApiToken, utcnow
 
     with guarded.app.state.sessions() as db:  # type: ignore[attr-defined]
         made = tokens.create_token(db, name="old", role=Role.viewer, expires="1h", owner=None, actor="t")

@@ -18,9 +18,9 @@ import pytest
 from alembic.command import upgrade as upgrade_to
 from sqlalchemy import text
 
-from app.db import alembic_config, make_engine, upgrade
+from app.core.db import alembic_config, make_engine, upgrade
+from app.core.settings import Settings
 from app.main import create_app
-from app.settings import Settings
 from tests.live import REPO, LiveServer
 
 

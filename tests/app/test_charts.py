@@ -19,17 +19,17 @@ from typing import Any
 import pytest
 from alembic.command import upgrade as upgrade_to
 from fastapi.testclient import TestClient
+from rankboard import wire
 from sqlalchemy import text
 
-from app.db import alembic_config, make_engine, upgrade
+from app.core.db import alembic_config, make_engine, upgrade
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Run, RunStatus
 from app.services import metrics
 from app.services.runs import hash_token
-from app.settings import Settings
 from tests.app.conftest import TOKEN, post
 from tests.postgres import new_database, postgres_bin, postgres_server
-from trainer import wire
 
 KEY = "step_time"
 # (step, rank) -> value, as sent.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.models import Run, RunStatus
+from app.core.models import Run, RunStatus
 
 
 def write_checkpoint(folder: Path, step: int, loss: float | None, size: int = 1000) -> None:

@@ -8,8 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
-
-from app.client import Client, ClientError
+from rankboard.client import Client, ClientError
 
 
 class Redirecting(BaseHTTPRequestHandler):

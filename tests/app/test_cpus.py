@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from app import cpus
+from app.core import cpus
 
 
 @pytest.mark.parametrize(("text", "expected"), [("3", {3}), ("0-3,6", {0, 1, 2, 3, 6}), (" 1 , 4-5", {1, 4, 5})])

@@ -11,11 +11,11 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
-from app.db import alembic_config, make_engine, prepare_schema, upgrade
-from app.errors import SchemaMismatch
+from app.core.db import alembic_config, make_engine, prepare_schema, upgrade
+from app.core.errors import SchemaMismatch
+from app.core.models import Base
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Base
-from app.settings import Settings
 
 
 def test_migrations_build_exactly_the_schema_the_models_describe(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.diagnose import Diagnosis, LogText, diagnose, root_cause_ranks
-from app.models import RunStatus
+from app.core.models import RunStatus
+from app.services.diagnose import Diagnosis, LogText, diagnose, root_cause_ranks
 from tests.app.conftest import move_run
 from tests.live import REPO
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from app.core.settings import Settings
 from app.main import create_app
 from app.services.examples import EXAMPLES_DIR
-from app.settings import Settings
 
 
 def test_the_first_start_offers_the_examples_and_later_ones_leave_the_users_scripts_alone(settings: Settings) -> None:

@@ -12,14 +12,14 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
+from rankboard import wire
 
+from app.core.models import Role, Run, RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Role, Run, RunStatus
 from app.services import tokens
 from app.services.runs import hash_token
-from app.settings import Settings
 from tests.app.conftest import TOKEN, post
-from trainer import wire
 
 NOW = 1_790_000_000
 

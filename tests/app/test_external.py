@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rankboard import wire
 from sqlalchemy import update
 
-from app.models import Run, utcnow
-from trainer import wire
+from app.core.models import Run, utcnow
 
 
 def join(client: TestClient, rank: int = 0, key: str = "slurm:c1:4242", **fields: Any) -> dict[str, Any]:

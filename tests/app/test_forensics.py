@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 from fastapi.testclient import TestClient
+from rankboard import wire
 
 from app.schemas import RankDumpIn
 from app.services.forensics import analyse
 from tests.app.conftest import TOKEN, post
-from trainer import wire
 
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 WAITING = (wire.Frame(C10D, 3252, "all_reduce"), wire.Frame("/work/train.py", 80, "step"))

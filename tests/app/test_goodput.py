@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from app.models import Run, RunEvent, RunStatus
+from app.core.models import Run, RunEvent, RunStatus
 from app.services import goodput
 from app.services.goodput import _Ledger
 

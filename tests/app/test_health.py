@@ -10,13 +10,13 @@ from datetime import timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
+from rankboard import wire
 from sqlalchemy import update
 
+from app.core.models import Run, RunRank, RunStatus, utcnow
 from app.launcher import processes
-from app.models import Run, RunRank, RunStatus, utcnow
 from app.services.runs import hash_token
 from tests.app.conftest import TOKEN, post
-from trainer import wire
 
 
 def running_run(client: TestClient) -> int:

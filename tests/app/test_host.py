@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rankboard import gpu
 
 from tests.live import LiveServer, open_run, set_run, wait_for
-from trainer import gpu
 
 TOKEN = "host-token"
 GIB = 2**30

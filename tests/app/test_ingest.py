@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from rankboard import wire
 
-from app.models import Run, RunStatus, utcnow
+from app.core.models import Run, RunStatus, utcnow
 from app.services import external
 from app.services.runs import hash_token
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, series
 from tests.live import LiveServer, open_run
-from trainer import wire
 
 
 def test_a_retried_batch_stores_each_point_once(client: TestClient, run_id: int) -> None:

@@ -9,14 +9,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from rankboard import gpu
 
-from app.folders import RunFolders
+from app.core.folders import RunFolders
+from app.core.models import Run
+from app.core.settings import Settings
 from app.launcher import processes
 from app.launcher.local import EXIT_FILE, LocalLauncher
-from app.models import Run
-from app.settings import Settings
 from tests.live import run_processes, wait_for
-from trainer import gpu
 
 
 def launcher_on(

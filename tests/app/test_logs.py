@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from rankboard import wire
 
-from app.models import Run, RunStatus
+from app.core.models import Run, RunStatus
 from app.services import logs
 from tests.app.conftest import move_run
 from tests.app.test_stream import events
 from tests.live import REPO, free_port
-from trainer import wire
 
 GIB = 1024**3
 
@@ -320,7 +320,7 @@ def test_without_markers_ranks_are_numbered_by_agent_and_said_to_be_guessed(clie
     as_slurm_run(client, run_id, nproc_per_node=2)
     for agent in (0, 1):
         for local_rank in (0, 1):
-            agent_worker(client, run_id, agent, local_rank, 0, None)  # a script that does not use trainer.report
+            agent_worker(client, run_id, agent, local_rank, 0, None)  # a script that does not use rankboard.report
 
     files = client.get(f"/api/runs/{run_id}/logs").json()
     assert [(f["rank"], f["rank_guessed"]) for f in files if f["stream"] == "stdout"] == [
@@ -328,7 +328,7 @@ def test_without_markers_ranks_are_numbered_by_agent_and_said_to_be_guessed(clie
     ]  # fmt: skip
     assert client.get(f"/api/runs/{run_id}/logs/2/stdout").json()["lines"] == ["agent 1 local rank 0 attempt 0"]
     panel = client.get(f"/runs/{run_id}/logs").text
-    assert ">rank 3 (guessed)</option>" in panel and "does not import <code>trainer.report</code>" in panel
+    assert ">rank 3 (guessed)</option>" in panel and "does not import <code>rankboard.report</code>" in panel
 
 
 def test_a_local_runs_one_agent_is_never_called_a_guess(client: TestClient, run_id: int, run_logs: Path) -> None:
@@ -357,7 +357,7 @@ def test_slurms_lines_explain_a_run_and_a_requeue_begins_anew(client: TestClient
 
 HELLO_SCRIPT = """\
 import os
-from trainer import report  # leaves this worker's rank marker beside its logs
+from rankboard import report  # leaves this worker's rank marker beside its logs
 import torch.distributed as dist
 dist.init_process_group("gloo")
 print(f"hello from global rank {dist.get_rank()} of agent {os.environ['AGENT']}", flush=True)

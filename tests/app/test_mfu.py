@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from rankboard import wire
 from torch.utils.flop_counter import FlopCounterMode
 
-from app.folders import RunFolders
+from app.core.folders import RunFolders
+from app.core.models import Run
+from app.core.settings import Settings
 from app.launcher.slurm import SlurmLauncher
-from app.models import Run
 from app.services import mfu, runs
-from app.settings import Settings
-from trainer import wire
 from trainer.workloads import WORKLOADS
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi.testclient import TestClient
+from rankboard import wire
 from sqlalchemy import select
 
-from app.models import RunRank
+from app.core.models import RunRank
 from tests.app.conftest import post
-from trainer import wire
 
 
 def node(host: str, *uuids: str, error: str | None = None) -> dict[str, object]:

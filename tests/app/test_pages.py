@@ -6,9 +6,9 @@ from datetime import timedelta
 
 from fastapi.testclient import TestClient
 
-from app.forms import as_form_text
-from app.models import Run, RunStatus, utcnow
+from app.core.models import Run, RunStatus, utcnow
 from app.schemas import RunCreate
+from app.web.forms import as_form_text
 
 FORM_DEFAULTS = as_form_text(RunCreate().model_dump())  # what the form posts when nothing is changed
 

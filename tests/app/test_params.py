@@ -15,9 +15,9 @@ import pytest
 from fastapi.routing import APIRoute, iter_route_contexts
 from fastapi.testclient import TestClient
 
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Run, RunStatus
-from app.settings import Settings
 
 BIG = str(2**64)  # past any integer SQLite takes
 LONG = "a" * 300  # past NAME_MAX (255 bytes)

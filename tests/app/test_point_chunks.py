@@ -9,17 +9,17 @@ from pathlib import Path
 
 from alembic.command import downgrade, upgrade
 from fastapi.testclient import TestClient
+from rankboard import wire
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.db import alembic_config, make_engine
+from app.core.db import alembic_config, make_engine
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Run, RunStatus
-from app.settings import Settings
 from app.store import metrics as metric_store
 from tests.app.conftest import post
 from tests.app.test_charts import assert_exact, same
-from trainer import wire
 
 BEFORE = "0013_goodput"
 # (key, step, rank) -> (value, time). NaN was stored as NULL in the point table.

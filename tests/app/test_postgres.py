@@ -12,18 +12,18 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from rankboard import wire
 
-from app.db import make_engine
+from app.core.db import make_engine
+from app.core.models import Base, Run, RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import Base, Run, RunStatus
 from app.schemas import BatchIn
 from app.services import metrics
-from app.settings import Settings
 from app.store import metrics as metric_store
 from tests.app import test_health, test_supervisor
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, running_run, series
 from tests.postgres import new_database, postgres_bin, postgres_server
-from trainer import wire
 
 pytestmark = pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (scripts/test installs it)")
 

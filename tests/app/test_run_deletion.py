@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from rankboard import wire
 from sqlalchemy import text
 
+from app.core.models import Run, RunStatus
 from app.launcher import processes
-from app.models import Run, RunStatus
 from app.schemas import BatchIn
 from app.services import metrics, run_deletion
 from app.services.runs import hash_token
-from trainer import wire
 
 TOKEN = "delete-t0ken"
 TABLES = ("run_events", "run_tags", "metric_series", "metric_summaries", "audit_entries")

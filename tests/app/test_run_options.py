@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.forms import as_form_text
+from app.core.models import Run
+from app.core.settings import Settings
 from app.launcher.local import LocalLauncher
-from app.models import Run
 from app.schemas import RunCreate
-from app.settings import Settings
+from app.web.forms import as_form_text
 from trainer.config import TrainConfig
 
 

@@ -8,11 +8,11 @@ import re
 from datetime import UTC, datetime
 
 from fastapi.testclient import TestClient
+from rankboard import wire
 
-from app.models import RunStatus
+from app.core.models import RunStatus
 from tests.app.conftest import move_run, post
 from tests.app.test_stream import events
-from trainer import wire
 
 
 def points(*keys: str, steps: range = range(1, 4), rank: int = 0) -> list[dict[str, object]]:

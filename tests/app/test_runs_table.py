@@ -21,16 +21,16 @@ import pytest
 from alembic.command import downgrade
 from fastapi.testclient import TestClient
 from markupsafe import escape
+from rankboard import wire
 from sqlalchemy import insert, inspect, text
 
-from app.db import alembic_config, make_engine, upgrade
+from app.core.db import alembic_config, make_engine, upgrade
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.launcher import processes
 from app.main import create_app
-from app.models import Run, RunStatus
 from app.schemas import RunCreate
 from app.services.runs import hash_token
-from app.settings import Settings
-from trainer import wire
 
 TOKEN = "table-t0ken"
 RUNS = 240

@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from rankboard import wire
 
-from app.folders import RunFolders
+from app.core.folders import RunFolders
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
 from app.launcher.interface import JobView
 from app.launcher.slurm import JobOptions, describe, ending, job_name, job_script, parse_squeue
 from app.main import create_app
-from app.models import Run, RunStatus
 from app.services.runs import final_status
-from app.settings import Settings
-from trainer import wire
 
 HOSTILE = ["'; touch {pwned} #", "$(touch {pwned})", "`touch {pwned}`", 'a"b', "line\nbreak", "$HOME", "*", "--x=1 2"]
 

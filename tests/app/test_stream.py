@@ -9,10 +9,10 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from app.models import RunStatus
+from app.core.models import RunStatus
 from app.services import metrics
 from app.store import metrics as metric_store
-from app.stream import Fragments, SharedFragments
+from app.web.stream import Fragments, SharedFragments
 from tests.app.conftest import batch, move_run, post, running_run
 
 

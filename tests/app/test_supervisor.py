@@ -8,16 +8,16 @@ from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
+from rankboard import wire
+from rankboard.report import Reporter
 from sqlalchemy.orm import Session
 
+from app.core.models import Alert, Run, RunStatus, utcnow
 from app.launcher import processes
-from app.models import Alert, Run, RunStatus, utcnow
 from app.services import runs as runs_service
 from app.services.runs import ACTIVE, final_status
 from app.store.runs import runs_to_supervise
 from tests.live import free_port, run_processes, wait_for
-from trainer import wire
-from trainer.report import Reporter
 
 
 def run_dir(client: TestClient, run_id: int):  # type: ignore[no-untyped-def]

@@ -21,15 +21,15 @@ from fastapi.dependencies.models import Dependant
 from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 from markupsafe import escape
+from rankboard import wire
 
+from app.core.models import RunStatus
+from app.core.settings import Settings
 from app.main import create_app
-from app.models import RunStatus
-from app.settings import Settings
 from tests.run_states import ELSEWHERE, STATES, UNSTARTED, WAITING, Seeded, bulk_runs, seed_states, supervisor_has_seen
-from trainer import wire
 
 HISTORY = 1000
-PAGE_SIZE = 25  # app.pages.PAGE_SIZE, as the user counts rows
+PAGE_SIZE = 25  # app.web.pages.runs.PAGE_SIZE, as the user counts rows
 HX = {"HX-Request": "true"}
 
 

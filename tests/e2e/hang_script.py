@@ -5,8 +5,7 @@ import threading
 
 import torch
 import torch.distributed as dist
-
-from trainer import report
+from rankboard import report
 
 
 def wait_for_data() -> None:

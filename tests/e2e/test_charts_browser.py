@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
+from rankboard import gpu
+from rankboard.report import Reporter
 
 from app.store import metrics as metric_store
 from tests.live import LiveServer, open_run, points, wait_for
-from trainer import gpu
-from trainer.report import Reporter
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

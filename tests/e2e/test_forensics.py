@@ -12,10 +12,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from rankboard import wire
 
 from tests.e2e.runs import FINAL, create, wait_status
 from tests.live import LiveServer, serving, wait_for
-from trainer import wire
 
 pytestmark = pytest.mark.e2e
 HANG_SCRIPT = Path(__file__).with_name("hang_script.py")
@@ -74,7 +74,7 @@ def test_the_built_in_trainer_hung_by_one_rank_is_dumped_and_that_rank_named(ser
         # Rank 0's all-reduce gives up after pg_timeout_s, and its teardown moves on: the dump and each rank's watch
         # (a few seconds after the stall is flagged) must come well before that, or rank 0 is seen moving.
         run = create(api, workload="mlp", epochs=1, batch_size=32, pg_timeout_s=20)
-        assert_rank_1_named(api, run["id"], "forensics.py")  # rank 1 waits in hang_forever, outside any collective
+        assert_rank_1_named(api, run["id"], "faults.py")  # rank 1 waits in hang_forever, outside any collective
         # Re-run with desync checks: the copy hangs the same way, and its failure explanation names rank 1.
         page = api.get(f"/runs/{run['id']}").text
         assert 'id="desync-button"' in page

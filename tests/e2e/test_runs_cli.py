@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rankboard.client import Client, ClientError, WaitTimedOut
 
-from app.client import Client, ClientError, WaitTimedOut
 from tests.e2e.runs import finished_runs_with_loss
 from tests.live import REPO, LiveServer, free_port, serving, wait_for
 

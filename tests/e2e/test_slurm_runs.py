@@ -16,11 +16,11 @@ import pytest
 import torch
 from playwright.sync_api import Page, expect
 
-from app.folders import RunFolders
+from app.core.folders import RunFolders
+from app.core.models import Run
+from app.core.settings import Settings
 from app.launcher import processes
 from app.launcher.slurm import SlurmLauncher, job_name
-from app.models import Run
-from app.settings import Settings
 from tests.e2e.runs import FINAL, create, loss_steps, output, wait_status
 from tests.live import LiveServer, run_processes, wait_for
 

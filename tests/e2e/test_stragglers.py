@@ -8,10 +8,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from rankboard import wire
 
 from tests.e2e.runs import FINAL, create, wait_status
 from tests.live import LiveServer, serving, wait_for
-from trainer import wire
 
 pytestmark = pytest.mark.e2e
 RUN = {"workload": "mlp", "epochs": 2, "batch_size": 256}  # 128 steps an epoch: 12 reports of each rank's times

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, Response, expect
 
-from app.db import make_engine, make_sessionmaker
+from app.core.db import make_engine, make_sessionmaker
 from tests.live import LiveServer, serving, wait_for
 from tests.run_states import STATES, Seeded, seed_states, supervisor_has_seen
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from rankboard import wire
 from torch.utils.data import DistributedSampler
 
 from tests.live import LiveServer, open_run
@@ -30,7 +31,7 @@ from tests.trainer.test_train import (
     torchrun_command,
 )
 from tests.trainer.test_train import sidecar as read_sidecar
-from trainer import checkpoints, wire
+from trainer import checkpoints
 from trainer.config import TrainConfig
 from trainer.workloads import WORKLOADS
 

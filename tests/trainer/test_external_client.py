@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from rankboard import external, wire
+from rankboard.report import Reporter
 from sqlalchemy import func, select
 
-from app.db import make_engine
-from app.models import Run
+from app.core.db import make_engine
+from app.core.models import Run
 from tests.live import LiveServer
-from trainer import external, wire
-from trainer.report import Reporter
 
 WORKER = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"}
 

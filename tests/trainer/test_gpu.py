@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rankboard import gpu, wire
+from rankboard.gpu_fake import FakeNvml
+from rankboard.report import Reporter
 from sqlalchemy import select
 
-from app.db import make_engine
-from app.models import RunRank
+from app.core.db import make_engine
+from app.core.models import RunRank
 from tests.live import LiveServer, open_run, points, wait_for
-from trainer import gpu, wire
-from trainer.gpu_fake import FakeNvml
-from trainer.report import Reporter
 
 TOKEN = "gpu-token"
 GIB = 2**30

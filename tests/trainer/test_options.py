@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rankboard import wire
 
 from tests.trainer.test_train import outside_dashboard_env
-from trainer import wire
 from trainer.config import TrainConfig
 
 PROBE = Path(__file__).with_name("ddp_probe.py")

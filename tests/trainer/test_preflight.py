@@ -7,8 +7,10 @@ import json
 import subprocess
 from pathlib import Path
 
+from rankboard import wire
+
 from tests.trainer.test_train import outside_dashboard_env, rank_log, torchrun_command
-from trainer import preflight, wire
+from trainer import preflight
 
 
 def test_a_rank_with_another_torch_is_named_and_refuse_stops_the_run_before_its_first_step(tmp_path: Path) -> None:

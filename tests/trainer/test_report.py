@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from rankboard import report, wire
+from rankboard.report import Reporter
 
 from tests.live import LiveServer, free_port, open_run, points, set_run, wait_for
-from trainer import report, wire
-from trainer.report import Reporter
 
 TOKEN = "client-token"
 
@@ -207,8 +207,9 @@ def test_finished_leaves_the_marker_the_dashboard_judges_a_script_by(
 ) -> None:
     """A script's `report.finished()` is what the built-in trainer's marker is: training completed, whatever
     torchrun's exit code says afterwards (gloo's rare abort at exit)."""
+    from rankboard import report
+
     from app.services.runs import final_status
-    from trainer import report
 
     monkeypatch.delenv(wire.ENV_RUN_DIR, raising=False)
     report.finished()  # outside a run: nothing, anywhere
@@ -225,7 +226,7 @@ def test_finished_leaves_the_marker_the_dashboard_judges_a_script_by(
 def test_each_worker_leaves_its_ranks_beside_torchruns_error_file(tmp_path: Path) -> None:
     """The marker that labels a multi-node run's log folders: written whole, only inside a dashboard run under
     torchrun's --log-dir, and a failure to write it never reaches the training."""
-    from trainer import report
+    from rankboard import report
 
     worker = tmp_path / "41_x1" / "attempt_0" / "0"
     worker.mkdir(parents=True)

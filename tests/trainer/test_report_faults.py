@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from rankboard import report, wire
+from rankboard.report import Reporter
 
 from tests.live import LiveServer, open_run, points, wait_for
-from trainer import report, wire
-from trainer.report import Reporter
 from trainer.train import Throughput
 
 TOKEN = "faults-token"

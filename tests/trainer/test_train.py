@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 import torch
+from rankboard import wire
 
 from app.launcher import slurm
 from tests.e2e.runs import FINAL, create, output, wait_status
 from tests.live import KNOWN_EXIT_ABORT, serving
-from trainer import wire
 from trainer.config import TrainConfig
 from trainer.workloads import WORKLOADS
 
@@ -320,7 +320,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_outside_a_dashboard_run_reporting_is_a_silent_no_op() -> None:
     done = run_python(
-        "import threading; from trainer import report; report.log({'loss': 1.0}, step=1); "
+        "import threading; from rankboard import report; report.log({'loss': 1.0}, step=1); "
         "report.close(); assert threading.active_count() == 1, threading.enumerate()"
     )
     assert done.returncode == 0 and done.stderr == "", done.stderr
@@ -330,5 +330,5 @@ def test_outside_a_dashboard_run_reporting_is_a_silent_no_op() -> None:
 
 
 def test_the_wire_and_the_client_do_not_load_torch() -> None:
-    done = run_python("import sys, trainer.wire, trainer.report; assert 'torch' not in sys.modules")
+    done = run_python("import sys, rankboard.wire, rankboard.report; assert 'torch' not in sys.modules")
     assert done.returncode == 0, done.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rankboard import wire
 
 from tests.trainer.test_train import (
     REPO,
@@ -19,7 +20,6 @@ from tests.trainer.test_train import (
     sidecar,
     torchrun_command,
 )
-from trainer import wire
 
 NAN_AT = 7
 

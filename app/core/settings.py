@@ -1,0 +1,219 @@
+"""The one configuration object, read once at start-up and passed down."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AnyHttpUrl, BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from app.core import cpus
+
+DEFAULT_SHARED_DIR = Path("/mnt/shared")
+# A list setting: from the environment, comma-separated (RANKBOARD_ALLOWED_HOSTS=a.example,b.example).
+Names = Annotated[list[str], NoDecode]
+# What an alert rule may name (app.services.alerts); a straggler needs signals not yet kept.
+AlertCondition = Literal["failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low"]
+ALERT_CONDITIONS: tuple[AlertCondition, ...] = (
+    "failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low"
+)  # fmt: skip
+
+
+class Webhook(BaseModel):
+    """Where alerts go: an admin's configuration (the URL may hold a secret, so only its host is ever shown)."""
+
+    url: AnyHttpUrl
+    format: Literal["json", "slack"] = Field(default="json", description="A generic JSON body, or Slack's {text}.")
+    events: list[AlertCondition] = Field(default_factory=lambda: list(ALERT_CONDITIONS), min_length=1)
+    name: str | None = Field(default=None, max_length=100, description="How deliveries name it; default: the host.")
+
+    @property
+    def label(self) -> str:
+        """The name deliveries are stored under: never the URL, whose path may be a secret."""
+        return self.name or self.host
+
+    @property
+    def host(self) -> str:
+        return self.url.host or ""
+
+
+class Settings(BaseSettings):
+    """Everything the server can be told; each field also reads `RANKBOARD_<NAME>` from the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="RANKBOARD_")
+
+    data_dir: Path = Field(default=Path("data"), description="The SQLite file and the server's own files.")
+    shared_dir: Path | None = Field(
+        default=None,
+        description="Checkpoints, logs and datasets. Default: /mnt/shared where it exists and is writable, "
+        "else <data_dir>/shared.",
+    )
+    scripts_dir: Path | None = Field(
+        default=None, description="Besides the shared folder, where runs may find training scripts of their own."
+    )
+    database_url: str | None = Field(default=None, description="Overrides the SQLite file, e.g. postgresql+psycopg://")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    public_url: str | None = Field(default=None, description="How trainers reach this server; default from host:port.")
+    stop_grace_s: float = Field(default=60.0, gt=0, description="SIGTERM to SIGKILL, when a run is stopped.")
+    supervise_interval_s: float = Field(default=0.5, gt=0, description="How often run processes are checked.")
+    stall_after_s: float = Field(
+        default=60.0, gt=0, description="A running run whose ranks' heartbeats are older than this is not progressing."
+    )
+    external_lost_after_s: float = Field(
+        default=120.0, gt=0, description="A run launched elsewhere that has not posted for this long is lost."
+    )
+    server_cpus: Annotated[frozenset[int] | None, NoDecode] = Field(
+        default=None,
+        description="CPUs the server's own threads keep to, as taskset lists them (0-1,6; Linux): on a node that "
+        "trains too, cores training does not use. The runs it starts still get every CPU it was started with.",
+    )
+    ingest_nice: int = Field(
+        default=0, ge=0, le=19,
+        description="Niceness of the threads that take trainers' batches: on a node that trains too, 19 gives "
+        "training the CPU first where its cores are full (Linux; else see server_cpus).",
+    )  # fmt: skip
+    slots: int | None = Field(
+        default=None, ge=1, description="Processes the local launcher may run at once; default: GPUs, else CPU cores."
+    )
+    launcher: Literal["auto", "local", "slurm"] = Field(
+        default="auto", description="Offer Slurm to runs: auto (when sbatch is found), local (never), slurm (always)."
+    )
+    slurm_partition: str | None = Field(default=None, description="The partition of Slurm runs that name none.")
+    slurm_account: str | None = Field(default=None, description="The account of Slurm runs that name none.")
+    slurm_time_limit: str = Field(default="01:00:00", description="The time limit of Slurm runs that give none.")
+    slurm_agents_per_node: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="torchrun agents per Slurm node: 1 on a cluster; more lets one host stand "
+        "in for several nodes (tests).",
+    )
+    slurm_poll_s: float = Field(default=2.0, gt=0, description="How often squeue is asked about live Slurm runs.")
+    allowed_hosts: Names = Field(
+        default_factory=list,
+        description="Host names this server answers to besides 127.0.0.1, localhost and [::1] (and the bind address, "
+        "this machine's name when bound to all addresses, public_url's host); '*' turns the check off.",
+    )
+    admin_password: SecretStr | None = Field(
+        default=None,
+        description="At start, with no user yet, an admin named admin_user is made with this password: this turns "
+        "authentication on.",
+    )
+    admin_user: str = Field(default="admin", description="The first-start admin's name (see admin_password).")
+    trusted_proxy: Names = Field(
+        default_factory=list,
+        description="Addresses of an authenticating reverse proxy: only from these is X-Forwarded-User (or "
+        "Remote-User) believed. Setting it turns authentication on.",
+    )
+    proxy_role: Literal["viewer", "operator", "admin"] = Field(
+        default="viewer", description="The role of a proxy-named user who is not one of this server's users."
+    )
+    session_idle_s: float = Field(default=8 * 3600, gt=0, description="A login ends after this long unused.")
+    session_max_s: float = Field(default=7 * 24 * 3600, gt=0, description="A login ends this long after it began.")
+    login_attempts: int = Field(default=5, ge=1, description="Failed logins allowed per name (and 4x per address)...")
+    login_window_s: float = Field(default=300.0, gt=0, description="...within this many seconds; then 429 until then.")
+    prometheus: bool = Field(default=False, description="Serve Prometheus metrics at /metrics (viewers may read).")
+    alert_webhooks: list[Webhook] = Field(
+        default_factory=list,
+        description='Alert rules as JSON: [{"url": "https://hooks.slack.com/...", "format": "slack", "events": '
+        '["failed", "lost"]}]; events: failed, lost, not_progressing, non_finite_loss, succeeded, disk_low '
+        "(default: all).",
+    )
+    alert_disk_free_percent: float = Field(
+        default=5.0, ge=0, le=100, description="disk_low: the shared folder's free space below this percentage."
+    )
+    alert_attempts: int = Field(default=5, ge=1, le=20, description="Tries of one alert delivery before it fails.")
+    alert_timeout_s: float = Field(default=5.0, gt=0, le=60, description="One webhook call's connect+read limit.")
+    alert_backoff_s: float = Field(
+        default=1.0, gt=0, le=60, description="The wait before the 2nd try; doubled each try, at most 60 s."
+    )
+    _shared_fallback: bool = PrivateAttr(default=False)
+
+    @field_validator("allowed_hosts", "trusted_proxy", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+    @field_validator("server_cpus", mode="before")
+    @classmethod
+    def _cpu_list(cls, value: object) -> object:
+        if value == "":
+            return None
+        return cpus.parse(value) if isinstance(value, str) else value
+
+    @field_validator("server_cpus")
+    @classmethod
+    def _cpus_available(cls, value: frozenset[int] | None) -> frozenset[int] | None:
+        if value is not None:
+            own = cpus.available()
+            if not value:
+                raise ValueError("names no CPU")
+            if not value <= own:
+                missing, have = cpus.describe(value - own), cpus.describe(own)
+                raise ValueError(f"CPUs {missing} are not among this server's ({have})")
+        return value
+
+    @field_validator("admin_password", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value  # an unset variable passed on as empty (docker-compose)
+
+    @field_validator("data_dir", "shared_dir", "scripts_dir")
+    @classmethod
+    def _absolute(cls, path: Path | None) -> Path | None:
+        return None if path is None else path.expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _choose_shared_dir(self) -> Settings:
+        if self.shared_dir is None:
+            usable = DEFAULT_SHARED_DIR.is_dir() and os.access(DEFAULT_SHARED_DIR, os.W_OK)
+            self.shared_dir = DEFAULT_SHARED_DIR if usable else self.data_dir / "shared"
+            self._shared_fallback = not usable
+        return self
+
+    @property
+    def shared(self) -> Path:
+        """The shared storage root: never None once the settings are built."""
+        assert self.shared_dir is not None
+        return self.shared_dir
+
+    @property
+    def shared_dir_is_fallback(self) -> bool:
+        """True when /mnt/shared was unusable and a folder under the data directory stands in for it."""
+        return self._shared_fallback
+
+    @property
+    def script_roots(self) -> list[Path]:
+        """The folders a run's script may be in."""
+        return [self.shared, *([self.scripts_dir] if self.scripts_dir else [])]
+
+    @property
+    def binds_loopback(self) -> bool:
+        """True when only this machine can reach the server: bound to a loopback address."""
+        return is_loopback(self.host)
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'rankboard.db'}"
+
+    @property
+    def trainer_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and the loopback addresses (127.0.0.0/8, ::1), bracketed or not."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,127 @@
+"""The runs table and what a user does to many runs at once: find them, tag them, note on them, archive them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import delete
+from sqlalchemy.orm import Session
+
+from app.core.errors import FieldInvalid
+from app.core.models import Run, RunTag, utcnow
+from app.services import runs
+from app.services.runs_table_query import RunQuery
+from app.store import audit
+from app.store import runs_table as table_store
+
+TAG = re.compile(r"^[\w.:+/-]{1,64}$")
+MAX_TAGS = 50
+MAX_NOTES = 10_000
+MAX_BULK = 500
+Value = float | str | bool | None
+BulkAction = Literal["tag", "untag", "archive", "unarchive"]
+
+
+@dataclass(frozen=True)
+class RunsTable:
+    """One page of the runs table: its runs, how many match, and each run's value of each asked-for column."""
+
+    runs: Sequence[Run]
+    total: int
+    query: RunQuery
+    values: dict[int, dict[str, Value]]
+
+
+def page(db: Session, *, query: RunQuery, limit: int, offset: int) -> RunsTable:
+    """The runs the query finds, sorted and paged, with their column values (metrics from their summaries)."""
+    _check_metrics_reported(db, query)
+    found, total = table_store.page(db, query, limit=limit, offset=offset)
+    metrics = [column.metric for column in query.columns if column.metric is not None]
+    summaries = table_store.summaries(db, run_ids=[run.id for run in found], keys=metrics)
+    values: dict[int, dict[str, Value]] = {}
+    for run in found:
+        row: dict[str, Value] = {}
+        for column in query.columns:
+            if column.field is not None:
+                row[column.label] = _scalar(getattr(run, column.field))
+            else:
+                summary = summaries.get((run.id, column.metric or ""))
+                row[column.label] = None if summary is None else getattr(summary, f"{column.stat}_value")
+        values[run.id] = row
+    return RunsTable(found, total, query, values)
+
+
+def _check_metrics_reported(db: Session, query: RunQuery) -> None:
+    """A name that is no field and no metric of any run, while runs have reported others, is a typo (`-val_los`),
+    refused naming it, rather than a table sorted by, or filtered on, nothing. On a store with no metrics yet there
+    is nothing to tell a typo by: a view bookmarked elsewhere (`-loss.min`) still shows its empty table."""
+    named = [("sort", query.sort), *(("filter", c.target) for c in query.conditions)]
+    named += [("columns", column) for column in query.columns]
+    metrics = [(param, aim.metric) for param, aim in named if aim.metric is not None]
+    known = table_store.reported_keys(db, keys=sorted({metric for _param, metric in metrics}))
+    if metrics and not known and not table_store.any_reported(db):
+        return
+    for param, metric in metrics:
+        if metric not in known:
+            raise FieldInvalid(param, f"{param}: {metric!r} is no field of a run, and no run has a metric of that name")
+
+
+def _scalar(value: object) -> Value:
+    if value is None or isinstance(value, (float, str, bool)):
+        return value
+    return value if isinstance(value, int) else str(getattr(value, "value", value))
+
+
+def checked_tags(tags: Sequence[str]) -> list[str]:
+    """The tags, each checked (letters, digits and _ . : + / -, at most 64), without repeats; FieldInvalid else."""
+    clean = list(dict.fromkeys(tag.strip() for tag in tags if tag.strip()))
+    for tag in clean:
+        if not TAG.match(tag):
+            raise FieldInvalid("tags", f"tags: {tag[:80]!r} is not a tag (letters, digits, _ . : + / -, 1-64 long)")
+    if len(clean) > MAX_TAGS:
+        raise FieldInvalid("tags", f"tags: at most {MAX_TAGS} on a run")
+    return clean
+
+
+def label_run(
+    db: Session, *, run_id: int, tags: Sequence[str] | None, notes: str | None, archived: bool | None, actor: str
+) -> Run:
+    """Replaces the run's tags, notes or archived mark (None: leaves it as it is)."""
+    if notes is not None and len(notes) > MAX_NOTES:
+        raise FieldInvalid("notes", f"notes: at most {MAX_NOTES} characters")
+    clean = None if tags is None else checked_tags(tags)
+    with db.begin():
+        run = runs.get_run(db, run_id=run_id)
+        if clean is not None:
+            db.execute(delete(RunTag).where(RunTag.run_id == run.id))
+            db.add_all(RunTag(run_id=run.id, tag=tag) for tag in clean)
+        if notes is not None:
+            run.notes = notes
+        if archived is not None and archived != (run.archived_at is not None):
+            run.archived_at = utcnow() if archived else None
+            audit.record(db, actor=actor, action="archived" if archived else "unarchived", run_id=run.id)
+    db.refresh(run)
+    return run
+
+
+def bulk(db: Session, *, run_ids: Sequence[int], action: BulkAction, tag: str | None, actor: str) -> list[int]:
+    """Tags, untags, archives or unarchives every one of the runs, in one transaction; returns their ids."""
+    ids = list(dict.fromkeys(run_ids))
+    if not ids or len(ids) > MAX_BULK:
+        raise FieldInvalid("runs", f"runs: give 1 to {MAX_BULK} run ids")
+    if action in ("tag", "untag") and not tag:
+        raise FieldInvalid("tag", f"tag: needed to {action}")
+    tags = checked_tags([tag]) if tag else []
+    with db.begin():
+        for run in (runs.get_run(db, run_id=run_id) for run_id in ids):
+            if action == "tag" and tags[0] not in run.tags:
+                db.add(RunTag(run_id=run.id, tag=tags[0]))
+            elif action == "untag":
+                db.execute(delete(RunTag).where(RunTag.run_id == run.id, RunTag.tag == tags[0]))
+            elif action in ("archive", "unarchive") and (action == "archive") != (run.archived_at is not None):
+                run.archived_at = utcnow() if action == "archive" else None
+                audit.record(db, actor=actor, action=f"{action}d", run_id=run.id)
+    return ids

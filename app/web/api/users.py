@@ -1,0 +1,116 @@
+"""Users and API tokens over the API (admins only, app.auth.policy), and who the caller is."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.core.errors import Conflict, FieldInvalid, TokenNotFound, UserNotFound
+from app.core.models import ApiToken, Role, User
+from app.schemas import Body
+from app.services import tokens, users
+from app.web.api import UNREADABLE_BODY, documented
+from app.web.deps import CallerDep, SessionDep
+from app.web.params import TokenId, UserName
+
+router = APIRouter(prefix="/api", tags=["users"])
+
+
+class CallerOut(BaseModel):
+    name: str
+    role: Role
+    via: str = Field(description="session, token, proxy, or local (authentication is off).")
+
+
+class UserIn(Body):
+    name: str = Field(max_length=64)
+    role: Role = Field(strict=False)  # its name, as JSON writes an enum
+    password: str | None = Field(default=None, description="Left out: one is made and answered, this once.")
+
+
+class UserOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    name: str
+    role: Role
+    created_at: datetime
+
+
+class NewUserOut(BaseModel):
+    name: str
+    role: Role
+    password: str | None = Field(description="The password made for the user, shown this once; null if given.")
+
+
+class TokenIn(Body):
+    name: str = Field(max_length=64)
+    role: Role = Field(strict=False)
+    expires: str = Field(default="90d", description="Its lifetime: hours, days or weeks, e.g. 12h, 90d, 2w.")
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    role: Role
+    owner: str | None = Field(description="The user who made it; null when made from the command line.")
+    created_at: datetime
+    expires_at: datetime
+    last_used_at: datetime | None = Field(description="Written at most once a minute.")
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, token: ApiToken) -> TokenOut:
+        return cls(id=token.id, name=token.name, role=token.role, owner=token.user.name if token.user else None,
+                   created_at=token.created_at, expires_at=token.expires_at, last_used_at=token.last_used_at,
+                   revoked_at=token.revoked_at)  # fmt: skip
+
+
+class NewTokenOut(TokenOut):
+    token: str = Field(description="Send it as `Authorization: Bearer <token>`; shown this once, stored hashed.")
+
+
+@router.get("/me", response_model=CallerOut, summary="Who you are to this server")
+def me(caller: CallerDep) -> CallerOut:
+    return CallerOut(name=caller.name, role=caller.role, via=caller.via)
+
+
+@router.get("/users", response_model=list[UserOut], summary="The users")
+def list_users(db: SessionDep) -> list[User]:
+    return list(users.list_users(db))
+
+
+@router.post("/users", status_code=201, response_model=NewUserOut,
+             responses={**documented(Conflict, FieldInvalid), **UNREADABLE_BODY},
+             summary="Add a user (this turns authentication on)")  # fmt: skip
+def add_user(body: UserIn, db: SessionDep, caller: CallerDep) -> NewUserOut:
+    made = users.add_user(db, name=body.name, role=body.role, password=body.password, actor=caller.name)
+    return NewUserOut(name=made.name, role=made.role, password=made.password)
+
+
+@router.delete("/users/{user}", status_code=204, responses=documented(UserNotFound, Conflict),
+               summary="Remove a user, their logins and tokens")  # fmt: skip
+def remove_user(user: UserName, db: SessionDep, caller: CallerDep) -> Response:
+    users.remove_user(db, name=user, actor=caller.name)
+    return Response(status_code=204)
+
+
+@router.get("/tokens", response_model=list[TokenOut], summary="API tokens, with last use and expiry")
+def list_tokens(db: SessionDep) -> list[TokenOut]:
+    return [TokenOut.of(token) for token in tokens.list_tokens(db)]
+
+
+@router.post("/tokens", status_code=201, response_model=NewTokenOut,
+             responses={**documented(FieldInvalid, UserNotFound), **UNREADABLE_BODY},
+             summary="Make an API token; its secret is answered this once")  # fmt: skip
+def create_token(body: TokenIn, db: SessionDep, caller: CallerDep) -> NewTokenOut:
+    made = tokens.create_token(db, name=body.name, role=body.role, expires=body.expires, owner=caller.user,
+                               actor=caller.name)  # fmt: skip
+    return NewTokenOut(**TokenOut.of(made.token).model_dump(), token=made.secret)
+
+
+@router.delete("/tokens/{token_id}", response_model=TokenOut, responses=documented(TokenNotFound),
+               summary="Revoke an API token")  # fmt: skip
+def revoke_token(token_id: TokenId, db: SessionDep, caller: CallerDep) -> TokenOut:
+    return TokenOut.of(tokens.revoke_token(db, token_id=token_id, actor=caller.name))

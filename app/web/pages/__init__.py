@@ -1,0 +1,1 @@
+"""The HTML pages, by the same subjects as the API."""

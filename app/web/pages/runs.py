@@ -1,0 +1,365 @@
+"""The HTML pages: runs list, new-run form, run page with its live stream. Each route calls one service."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.templating import Jinja2Templates
+
+from app.core.errors import FieldInvalid, FormInvalid, LoginThrottled, RankboardError
+from app.core.folders import RunFolders
+from app.core.models import Run, RunStatus
+from app.core.settings import Settings
+from app.launcher.launchers import Launchers
+from app.schemas import RunCreate
+from app.services import (
+    alerts,
+    checkpoints,
+    files,
+    goodput,
+    health,
+    host,
+    metrics,
+    run_charts,
+    runs,
+    runs_table,
+    storage,
+)
+from app.services import findings as found
+from app.services import forensics as dumps
+from app.services import runs_table_query as run_query
+from app.services.sweeps import start_sweep as queue_sweep
+from app.web.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
+from app.web.forms import as_form_text, parse_run_form, run_form_groups
+from app.web.params import (
+    After,
+    ArchivedView,
+    CheckpointNames,
+    Columns,
+    Filter,
+    FromRun,
+    InitFrom,
+    LastEventId,
+    PageNumber,
+    RunId,
+    Search,
+    SharedPath,
+    Sort,
+)
+from app.web.stream import Fragments, Snapshot, run_events
+from app.web.templating import render_block
+
+router = APIRouter(include_in_schema=False)
+PAGE_SIZE = 25
+SWAGGER_UI = "5.35.0"  # static/vendor/VERSIONS.md
+
+
+def templates_of(request: Request) -> Jinja2Templates:
+    return request.app.state.templates
+
+
+def page(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200, headers: dict[str, str] | None = None
+) -> HTMLResponse:
+    settings = request.app.state.settings
+    caller = getattr(request.state, "caller", None)  # None on the public pages: the login page, a refusal
+    base = {"settings": settings, "shared_dir": settings.shared, "shared_fallback": settings.shared_dir_is_fallback,
+            "disk": storage.disk_usage(settings.shared), "caller": caller,
+            "csrf_token": caller.csrf if caller else None}  # fmt: skip
+    return templates_of(request).TemplateResponse(
+        request, name, {**base, **context}, status_code=status_code, headers=headers
+    )
+
+
+async def form_values(request: Request) -> dict[str, str]:
+    """The posted form as strings, kept on the request so a field error can re-render the form with them."""
+    values = {key: str(value) for key, value in (await request.form()).items()}
+    request.state.form_values = values
+    return values
+
+
+FormValues = Annotated[dict[str, str], Depends(form_values)]
+HtmxRequest = Annotated[str | None, Header(alias="HX-Request")]
+
+
+@router.get("/", response_class=HTMLResponse)
+def runs_page(
+    request: Request,
+    db: SessionDep,
+    status: RunStatus | None = None,
+    page_number: PageNumber = 1,
+    q: Search = "",
+    filter: Filter = "",
+    sort: Sort = "-id",
+    columns: Columns = "",
+    archived: ArchivedView = "hide",
+) -> Response:
+    """The runs table: search, conditions, sort and columns from the URL, so a view can be shared."""
+    offset = (page_number - 1) * PAGE_SIZE  # PageNumber is at least 1
+    settings = request.app.state.settings
+    view = run_query.parse(search=q, filter=filter, sort=sort, columns=columns, archived=archived, status=status)
+    table = runs_table.page(db, query=view, limit=PAGE_SIZE, offset=offset)
+    items, total = table.runs, table.total
+    context = {
+        "runs": items,
+        "table": table,
+        "view": run_query.as_params(view),
+        "any_status": {key: value for key, value in run_query.as_params(view).items() if key != "status"},
+        "fields": run_query.FIELDS,
+        "durations": {run.id: runs.elapsed(run) for run in items},  # None until started; up to now while live
+        "stalled": {run.id for run in items if health.not_progressing(run, stall_after_s=settings.stall_after_s)},
+        "total": total,
+        "status": status,
+        "page_number": page_number,
+        "pages": max(1, -(-total // PAGE_SIZE)),
+        "statuses": list(RunStatus),
+        "demo": RunCreate(),
+    }
+    if request.headers.get("HX-Target") == "runs-table":
+        return HTMLResponse(render_block(templates_of(request), "runs.html", "runs_table", context))
+    return page(request, "runs.html", context)
+
+
+@router.get("/runs/new", response_class=HTMLResponse)
+def new_run_page(
+    request: Request, db: SessionDep, launchers: LaunchersDep, from_run: FromRun = None, init_from: InitFrom = ""
+) -> Response:
+    """The form; `from_run` fills it with that run's options, `init_from` names a checkpoint to start from."""
+    values = run_options(runs.get_run(db, run_id=from_run)) if from_run is not None else {}
+    if init_from:
+        values.update(init_from=init_from, name=f"{values.get('name', 'run')} from {init_from.rsplit('/', 1)[-1]}")
+    return new_run_form(request, launchers=launchers, values=values, errors={})
+
+
+def run_options(run: Run) -> dict[str, str]:
+    return as_form_text({name: getattr(run, name) for name in RunCreate.model_fields if hasattr(run, name)})
+
+
+def new_run_form(
+    request: Request, *, launchers: Launchers, values: dict[str, str], errors: dict[str, str], status_code: int = 200
+) -> HTMLResponse:
+    local = launchers.local
+    # The cluster's partitions, from sinfo; an empty list where Slurm does not answer (the form still offers it).
+    partitions = None if launchers.slurm is None else (launchers.slurm.partitions() or {})
+    context = {
+        "groups": run_form_groups(capacity=local.capacity, partitions=partitions),
+        "values": values,
+        "errors": errors,
+        "capacity": local.capacity,
+        "gpu_count": local.gpu_count,
+        "slurm": launchers.slurm is not None,
+    }
+    return page(request, "new_run.html", context, status_code=status_code)
+
+
+@router.post("/runs")
+def create_run(
+    db: SessionDep,
+    settings: SettingsDep,
+    folders: FoldersDep,
+    launchers: LaunchersDep,
+    values: FormValues,
+    caller: CallerDep,
+) -> Response:
+    spec = parse_run_form(values)
+    run = runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=caller.name)
+    return RedirectResponse(f"/runs/{run.id}", status_code=303)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: RunId, db: SessionDep, folders: FoldersDep, settings: SettingsDep) -> Response:
+    """The run page; its `charts` fragment alone for the page's script when a new metric key arrives."""
+    run = runs.get_run(db, run_id=run_id)
+    charts = run_charts.run_charts(db, run=run)
+    if request.headers.get("HX-Target") == "charts":
+        return HTMLResponse(render_block(templates_of(request), "run.html", "charts", {"run": run, "charts": charts}))
+    deliveries = alerts.run_deliveries(db, run_id=run.id)
+    return page(request, "run.html", {**run_context(run, folders, settings), "charts": charts,
+                                      "alert_deliveries": deliveries})  # fmt: skip
+
+
+@router.post("/runs/{run_id}/stop")
+def stop_run(
+    request: Request,
+    run_id: RunId,
+    db: SessionDep,
+    launchers: LaunchersDep,
+    folders: FoldersDep,
+    caller: CallerDep,
+    hx: HtmxRequest = None,
+) -> Response:
+    run = runs.stop_run(db, run_id=run_id, launchers=launchers, actor=caller.name)
+    if hx:
+        context = run_context(run, folders, request.app.state.settings)
+        return HTMLResponse(render_block(templates_of(request), "run.html", "status", context))
+    return RedirectResponse(f"/runs/{run_id}", status_code=303)
+
+
+@router.post("/runs/{run_id}/dumps")
+def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> Response:
+    """The run page's "Dump all ranks": the answers appear in its live status within seconds."""
+    dumps.request_dump(db, run_id=run_id, actor=caller.name)
+    return RedirectResponse(f"/runs/{run_id}#dump", status_code=303)
+
+
+@router.post("/runs/{run_id}/desync")
+def rerun_with_desync_checks(
+    run_id: RunId, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep,
+    caller: CallerDep,
+) -> Response:  # fmt: skip
+    """ "Re-run with desync checks": a copy of the run that names the rank a collective waits for, then its page."""
+    run = dumps.rerun_with_desync_checks(db, run_id=run_id, settings=settings, folders=folders, launchers=launchers,
+                                         actor=caller.name)  # fmt: skip
+    return RedirectResponse(f"/runs/{run.id}", status_code=303)
+
+
+@router.post("/runs/{run_id}/resume")
+def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> Response:
+    runs.resume_run(db, run_id=run_id, folders=folders, actor=caller.name)
+    return RedirectResponse(f"/runs/{run_id}", status_code=303)
+
+
+@router.post("/runs/{run_id}/sweep")
+def start_sweep(
+    run_id: RunId,
+    db: SessionDep,
+    settings: SettingsDep,
+    folders: FoldersDep,
+    launchers: LaunchersDep,
+    caller: CallerDep,
+) -> Response:
+    queue_sweep(db, run_id=run_id, settings=settings, folders=folders, launchers=launchers,
+                               actor=caller.name)  # fmt: skip
+    return RedirectResponse(f"/runs/{run_id}#sweep", status_code=303)
+
+
+@router.delete("/runs/{run_id}/checkpoints", response_class=HTMLResponse)
+def delete_checkpoints(
+    request: Request,
+    run_id: RunId,
+    db: SessionDep,
+    folders: FoldersDep,
+    settings: SettingsDep,
+    caller: CallerDep,
+    name: CheckpointNames = None,
+) -> Response:
+    run, _deletion = checkpoints.delete_run_checkpoints(
+        db, run_id=run_id, names=name, dry_run=False, folders=folders, actor=caller.name
+    )
+    return HTMLResponse(render_block(templates_of(request), "run.html", "files", run_context(run, folders, settings)))
+
+
+@router.get("/host", response_class=HTMLResponse)
+def host_page(request: Request, db: SessionDep) -> Response:
+    """This host's GPUs and the runs holding them; the page polls itself for its `host_now` fragment."""
+    context = {"host": host.host_status(db, sampler=request.app.state.host_sampler)}
+    if request.headers.get("HX-Target") == "host-now":
+        return HTMLResponse(render_block(templates_of(request), "host.html", "host_now", context))
+    return page(request, "host.html", context)
+
+
+@router.get("/files", response_class=HTMLResponse)
+def files_page(request: Request, path: SharedPath = "") -> Response:
+    root = request.app.state.settings.shared
+    crumbs = [(part, "/".join(path.split("/")[: i + 1])) for i, part in enumerate(p for p in path.split("/") if p)]
+    return page(request, "files.html", {"path": path, "crumbs": crumbs, "entries": storage.list_folder(root, path)})
+
+
+@router.get("/files/inspect", response_class=HTMLResponse)
+def inspect_page(request: Request, path: SharedPath) -> Response:
+    inspection = checkpoints.inspect(request.app.state.settings.shared, path)
+    return page(request, "inspect.html", {"inspection": inspection, "folder": path.rsplit("/", 1)[0]})
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def api_docs(request: Request) -> HTMLResponse:
+    """The API's interactive documentation, from this server's own copy of Swagger UI: clusters often have no
+    internet, and FastAPI's default page loads it from a CDN (a blank page there)."""
+    # Our own page rather than FastAPI's get_swagger_ui_html: its inline script is refused by the CSP.
+    caller = getattr(request.state, "caller", None)
+    context = {"openapi_url": request.app.openapi_url, "title": f"{request.app.title} API", "version": SWAGGER_UI,
+               "csrf_token": caller.csrf if caller else None}  # fmt: skip
+    return templates_of(request).TemplateResponse(request, "docs.html", context)
+
+
+@router.get("/runs/{run_id}/stream")
+def run_stream(
+    request: Request,
+    run_id: RunId,
+    after: After = 0,
+    last_event_id: LastEventId = None,
+) -> StreamingResponse:
+    """New points, status and output of a run; from `after`, or on a reconnect from the last point received."""
+    # No request-long session: an SSE connection lasts hours, and an open read transaction would keep SQLite
+    # from checkpointing its WAL all that time. Each poll opens and closes its own.
+    with request.app.state.sessions() as session:
+        runs.get_run(session, run_id=run_id)  # a 404 now, rather than a stream that ends at once
+
+    def snapshot(after_id: int) -> Snapshot:
+        # The fragments first: a run seen final has stored its last point, so the points read after it are all.
+        fragments = request.app.state.run_fragments.get(run_id, lambda: run_fragments(request, run_id))
+        with request.app.state.sessions() as session:
+            return Snapshot(metrics.new_points(session, run_id=run_id, after_id=after_id), fragments)
+
+    after_id = after if last_event_id is None else last_event_id
+    events = run_events(request, run_id=run_id, after_id=after_id, snapshot=snapshot)
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+
+
+def run_fragments(request: Request, run_id: int) -> Fragments:
+    """The run page's live fragments, as its stream sends them."""
+    templates = templates_of(request)
+    with request.app.state.sessions() as session:  # rendering reads the run's events: keep the session open
+        run = runs.get_run(session, run_id=run_id)
+        context = run_context(run, request.app.state.folders, request.app.state.settings)
+        return Fragments(
+            render_block(templates, "run.html", "status", context),
+            render_block(templates, "run.html", "files", context),
+            render_block(templates, "run.html", "output", context),
+            run.status.is_final,
+        )
+
+
+def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, Any]:
+    """What the run page and its fragments show."""
+    elapsed = runs.elapsed(run)
+    progress = health.assess_now(run, stall_after_s=settings.stall_after_s)
+    moving = run.status == RunStatus.running and progress.state == "ok"
+    eta = None  # only while it trains and moves: a stalled, stopping or waiting run will not end at its pace so far
+    if elapsed is not None and 0 < run.step < run.total_steps and moving:
+        eta = elapsed * ((run.total_steps - run.step) / run.step)
+    # While the health box tells the stall live, its event's words (frozen at the time) would only repeat it.
+    told = progress.state != "ok" and run.status_reason.startswith(health.NOT_PROGRESSING)
+    return {
+        "run": run, "elapsed": elapsed, "eta": eta, "health": progress, "reason": "" if told else run.status_reason,
+        "percent": 100 * run.step / run.total_steps if run.total_steps else 0,
+        "outputs": [o for o in files.rank_outputs(run, folders=folders) if o.lines],
+        "job_script": files.job_script(run, folders=folders),
+        "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
+        "removals": checkpoints.removals(run, folders=folders),
+        "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
+        "dump": dumps.latest_dump(run, folders=folders, world_size=runs.world_size(run)),
+        "findings": found.loaded_run_findings(run),
+        **goodput.page_context(run, folders=folders),
+    }  # fmt: skip
+
+
+def error_page(request: Request, exc: RankboardError) -> Response:
+    """A domain error as the form again (field errors on a form post; a failed login), an htmx fragment, or a page."""
+    values = getattr(request.state, "form_values", None)
+    if request.url.path == "/login" and values is not None:
+        context = {"next": values.get("next", "/"), "name": values.get("name", ""), "error": exc.message}
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, LoginThrottled) else {}
+        return page(request, "login.html", context, exc.status_code, headers=headers)
+    if values is not None and isinstance(exc, (FormInvalid, FieldInvalid)):
+        errors = exc.errors if isinstance(exc, FormInvalid) else {exc.field: exc.message}
+        launchers = request.app.state.launchers
+        return new_run_form(request, launchers=launchers, values=values, errors=errors, status_code=422)
+    context = {"message": exc.message, "status_code": exc.status_code}
+    if request.headers.get("HX-Request"):
+        fragment = render_block(templates_of(request), "error.html", "message", context)
+        return HTMLResponse(fragment, status_code=exc.status_code)
+    return page(request, "error.html", context, exc.status_code)

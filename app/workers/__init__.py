@@ -1,0 +1,1 @@
+"""What runs beside the requests: the supervisor's tick, the alert sender, the ingest threads."""

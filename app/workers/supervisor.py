@@ -1,0 +1,74 @@
+"""A background thread that ticks the runs' lifecycle: it finishes ended runs and starts queued ones.
+
+It reads everything from the database and /proc on each tick, so a restarted server picks up the runs that
+outlived it: still alive, they are watched again; ended, they are finished from their recorded exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.core.folders import RunFolders
+from app.launcher.launchers import Launchers
+from app.services import runs
+from app.services.alerts import AlertRules
+from app.workers.alert_sender import AlertSender
+
+log = logging.getLogger(__name__)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        launchers: Launchers,
+        folders: RunFolders,
+        *,
+        interval: float,
+        grace: float,
+        stall_after: float,
+        lost_after: float,
+        alert_rules: AlertRules | None = None,
+        alert_sender: AlertSender | None = None,
+    ):
+        self.sessions = sessions
+        self.launchers = launchers
+        self.folders = folders
+        self.interval = interval
+        self.grace = timedelta(seconds=grace)
+        self.stall_after = timedelta(seconds=stall_after)
+        self.lost_after = timedelta(seconds=lost_after)  # runs launched elsewhere: silence this long, lost
+        self.alert_rules, self.alert_sender = alert_rules, alert_sender
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rankboard-supervisor", daemon=True)
+
+    def start(self) -> None:
+        if self.alert_sender is not None:
+            self.alert_sender.start()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self.alert_sender is not None:
+            self.alert_sender.stop()
+
+    def tick(self) -> None:
+        with self.sessions() as db:
+            runs.supervise(db, launchers=self.launchers, folders=self.folders, grace=self.grace,
+                           stall_after=self.stall_after, alert_rules=self.alert_rules,
+                           lost_after=self.lost_after)  # fmt: skip
+        if self.alert_sender is not None:
+            self.alert_sender.wake()  # after the commit: what this tick raised is there to be sent
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # one bad tick (a locked database, a full disk) must not end supervision
+                log.exception("supervisor tick failed; trying again")
+            self._stop.wait(self.interval)

@@ -1,0 +1,410 @@
+"""Samples a node's GPUs through NVML into the run's metrics; without NVML, the node's CPU and memory instead.
+
+The trainer starts it once on each node's local rank 0, after the reporter is usable:
+
+    from rankboard import gpu
+    sampler = gpu.start_sampling()  # None on other local ranks and outside a dashboard run
+    ...
+    if sampler is not None:
+        sampler.stop()  # optional: it is a daemon thread
+
+Every RANKBOARD_GPU_SAMPLE_S seconds (default 1, at least 1, because samples are keyed by whole unix seconds) it
+reads, for each GPU this node's ranks use (CUDA_VISIBLE_DEVICES, else all): utilization, memory used and total,
+temperature, power draw and limit, SM clock, and the memory that this run's own processes hold on it. Each value
+is a point `gpu/<host>/<index>/<field>` (see `wire.GPU_FIELDS`) at step = int(unix time), so a restarted trainer
+never collides with its predecessor's samples, from this process's rank; the node's inventory (`wire.Node`) goes
+with the next batch. A failed read is skipped with one warning: sampling never raises into training.
+
+NVML is reached only through `Nvml`, the pynvml calls used here. `load_nvml()` gives the real `pynvml` or, when
+RANKBOARD_FAKE_NVML names a JSON file, `gpu_fake.FakeNvml`, so machines without GPUs run this same code. The
+server reads its own host's GPUs through the same functions (the Host page).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from . import wire
+from .gpu_fake import FakeNvml
+
+ENV_FAKE_NVML = "RANKBOARD_FAKE_NVML"
+ENV_SAMPLE_S = "RANKBOARD_GPU_SAMPLE_S"
+DEFAULT_SAMPLE_S = 1.0
+MIN_SAMPLE_S = 1.0  # a step is a whole second: two samples in one second would be the same point
+
+
+class Utilization(Protocol):
+    @property
+    def gpu(self) -> int: ...
+    @property
+    def memory(self) -> int: ...
+
+
+class Memory(Protocol):
+    @property
+    def total(self) -> int: ...
+    @property
+    def free(self) -> int: ...
+    @property
+    def used(self) -> int: ...
+
+
+class ProcessInfo(Protocol):
+    @property
+    def pid(self) -> int: ...
+    @property
+    def usedGpuMemory(self) -> int | None: ...
+
+
+class Nvml(Protocol):
+    """The pynvml calls this project makes, exactly as pynvml spells them; units: bytes, mW, MHz, °C."""
+
+    @property
+    def NVMLError(self) -> type[Exception]: ...
+    @property
+    def NVML_TEMPERATURE_GPU(self) -> int: ...
+    @property
+    def NVML_CLOCK_SM(self) -> int: ...
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Utilization: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Memory: ...
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock_type: int) -> int: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> Sequence[ProcessInfo]: ...
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used on this host; the message is the reason, as the import or NVML gave it."""
+
+
+def load_nvml(environ: Mapping[str, str] = os.environ) -> Nvml:
+    """The pynvml module, or the fake that RANKBOARD_FAKE_NVML describes; raises NvmlUnavailable without either."""
+    fake = environ.get(ENV_FAKE_NVML)
+    if fake:
+        return FakeNvml(fake)
+    try:
+        import pynvml
+    except ImportError as error:
+        raise NvmlUnavailable(f"the nvidia-ml-py package is not installed ({error})") from None
+    return pynvml
+
+
+def open_nvml(environ: Mapping[str, str] = os.environ) -> Nvml:
+    """NVML loaded and initialised; raises NvmlUnavailable with the reason (no library, no driver, ...)."""
+    nvml = load_nvml(environ)
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as error:
+        raise NvmlUnavailable(f"NVML did not start: {error}") from None
+    except (OSError, ValueError) as error:  # the fake's file is missing or not JSON
+        raise NvmlUnavailable(f"NVML did not start: {type(error).__name__}: {error}") from None
+    return nvml
+
+
+def text(value: str | bytes) -> str:
+    """pynvml before 11.5 answers names and UUIDs as bytes, later versions as str."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def visible_indices(nvml: Nvml, visible: str | None) -> list[int]:
+    """NVML indices of the GPUs that CUDA_VISIBLE_DEVICES names (indices or UUID prefixes); all when it is unset.
+
+    Like CUDA, the list ends at the first entry that names no GPU. Indices are NVML's, which are CUDA's only with
+    CUDA_DEVICE_ORDER=PCI_BUS_ID, as launchers set it.
+    """
+    count = nvml.nvmlDeviceGetCount()
+    if visible is None:
+        return list(range(count))
+    uuids: list[str] | None = None
+    found: list[int] = []
+    for entry in (part.strip() for part in visible.split(",")):
+        if entry.isdigit() and int(entry) < count:
+            found.append(int(entry))
+            continue
+        if entry.startswith(("GPU-", "MIG-")):
+            if uuids is None:
+                uuids = [text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+            matches = [i for i, uuid in enumerate(uuids) if uuid.startswith(entry)]
+            if len(matches) == 1:
+                found.append(matches[0])
+                continue
+        break
+    return list(dict.fromkeys(found))
+
+
+def describe(nvml: Nvml, index: int, handle: Any) -> wire.Gpu:
+    """The GPU's identity; a GPU that cannot say its name is still listed, so that its index is not lost."""
+    try:
+        return wire.Gpu(index, text(nvml.nvmlDeviceGetUUID(handle)), text(nvml.nvmlDeviceGetName(handle)))
+    except nvml.NVMLError as error:
+        return wire.Gpu(index, "", f"unreadable: {error}")
+
+
+def _memory(info: Memory) -> tuple[float, ...]:
+    return (float(info.used), float(info.total))
+
+
+# Each NVML read and the fields it gives; read one by one, so a field a GPU does not support loses only itself.
+READINGS: tuple[tuple[tuple[str, ...], Callable[[Nvml, Any], tuple[float, ...]]], ...] = (
+    (("util",), lambda nvml, h: (float(nvml.nvmlDeviceGetUtilizationRates(h).gpu),)),
+    (("mem_used", "mem_total"), lambda nvml, h: _memory(nvml.nvmlDeviceGetMemoryInfo(h))),
+    (("temp",), lambda nvml, h: (float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),)),
+    (("power",), lambda nvml, h: (nvml.nvmlDeviceGetPowerUsage(h) / 1000,)),  # mW -> W
+    (("power_limit",), lambda nvml, h: (nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,)),
+    (("sm_clock",), lambda nvml, h: (float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),)),
+)
+
+
+def read_gpu(nvml: Nvml, handle: Any) -> tuple[dict[str, float], dict[str, str]]:
+    """The GPU's current values by field (`wire.GPU_FIELDS` units), and why each field that failed did."""
+    values: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for fields, read in READINGS:
+        try:
+            values.update(zip(fields, read(nvml, handle), strict=True))
+        except nvml.NVMLError as error:
+            errors["/".join(fields)] = str(error)
+    return values, errors
+
+
+def gpu_processes(nvml: Nvml, handle: Any) -> list[tuple[int, int]]:
+    """(pid, bytes of GPU memory) of each compute process on the GPU; pids are as the driver's namespace sees them."""
+    return [(p.pid, p.usedGpuMemory or 0) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+
+
+def system_values() -> dict[str, float]:
+    """CPU busy percent (since the previous call) and memory used and total; empty without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    return {"cpu_percent": psutil.cpu_percent(interval=None), **memory_values()}
+
+
+def memory_values() -> dict[str, float]:
+    """This host's memory used and total; empty without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    memory = psutil.virtual_memory()
+    return {"mem_used": memory.used, "mem_total": memory.total}
+
+
+class RunProcesses:
+    """Tells whether a pid is one of this run's processes: its environment has this launch's id, or, outside a
+    launcher, it is this process or a descendant of this process's parent (torchrun's agent). Answers per pid are
+    remembered, because NVML lists the same few pids every second."""
+
+    def __init__(self, launch_id: str | None) -> None:
+        self.launch_id = launch_id
+        self._known: dict[int, bool] = {}
+
+    def __contains__(self, pid: object) -> bool:
+        if not isinstance(pid, int):
+            return False
+        if pid not in self._known:
+            if len(self._known) > 4096:
+                self._known.clear()
+            self._known[pid] = self._belongs(pid)
+        return self._known[pid]
+
+    def _belongs(self, pid: int) -> bool:
+        if pid == os.getpid():
+            return True
+        try:
+            import psutil
+
+            process = psutil.Process(pid)
+            if self.launch_id:
+                return process.environ().get(wire.ENV_LAUNCH_ID) == self.launch_id
+            return os.getppid() in {parent.pid for parent in process.parents()}
+        except Exception:  # no psutil, gone, or another user's: not ours to count
+            return False
+
+
+class Sink(Protocol):
+    """Where samples go: a `report.Reporter`."""
+
+    def log(self, metrics: Mapping[str, float], *, step: int) -> None: ...
+    def node(self, node: wire.Node) -> None: ...
+
+
+class GpuSampler:
+    """Samples this node's GPUs, or without NVML its CPU and memory, into a sink from a daemon thread."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        host: str | None = None,
+        interval: float = DEFAULT_SAMPLE_S,
+        visible_devices: str | None = None,
+        launch_id: str | None = None,
+        environ: Mapping[str, str] = os.environ,
+    ) -> None:
+        if interval < MIN_SAMPLE_S:
+            raise ValueError(f"interval must be at least {MIN_SAMPLE_S} s, got {interval}")
+        self.host = host or wire.node_name(environ, socket.gethostname())
+        self.interval = interval
+        self._sink, self._visible, self._environ = sink, visible_devices, environ
+        self._run_processes = RunProcesses(launch_id)
+        self._nvml: Nvml | None = None
+        self._gpus: list[tuple[wire.Gpu, Any]] = []
+        self.node: wire.Node | None = None  # what open() found; None until then
+        self._last_step = -1
+        self._closed = False
+        self._warned: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rankboard-gpu-sampler", daemon=True)
+
+    def start(self) -> GpuSampler:
+        """Starts the thread; it opens NVML itself, so that this returns at once."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ends the thread and lets NVML go."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.close()
+
+    def close(self) -> None:
+        """Shuts NVML down; sample_once() after it samples nothing."""
+        self._closed = True
+        nvml, self._nvml, self._gpus = self._nvml, None, []
+        if nvml is not None:
+            try:
+                nvml.nvmlShutdown()
+            except Exception as error:
+                self._warn("shutdown", f"NVML shutdown failed: {error}")
+
+    def _run(self) -> None:
+        self._guarded(self.open)
+        if self._nvml is None:  # the first CPU percent spans the time since open() primed it: let that be an interval
+            self._stop.wait(self.interval)
+        while not self._stop.is_set():
+            self._guarded(self.sample_once)
+            self._stop.wait(self.interval)
+
+    def open(self) -> wire.Node:
+        """Opens NVML and finds the GPUs to sample; tells the sink which, or why there are none."""
+        error: str | None = None
+        try:
+            nvml = open_nvml(self._environ)
+        except NvmlUnavailable as unavailable:
+            error = str(unavailable)
+        else:
+            try:
+                handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in visible_indices(nvml, self._visible)]
+                self._gpus = [(describe(nvml, i, handle), handle) for i, handle in handles]
+                self._nvml = nvml
+            except nvml.NVMLError as failure:  # the node has GPUs NVML cannot list: sample it as one without
+                error = f"NVML failed while listing GPUs: {failure}"
+                with contextlib.suppress(Exception):
+                    nvml.nvmlShutdown()
+        if error is not None:
+            error = error[: wire.MAX_NVML_ERROR_LENGTH]
+            self._warn("nvml", f"no GPU sampling on {self.host} ({error}); sampling CPU and memory instead")
+            system_values()  # psutil's CPU percent is "since the last call": the first sample would say 0
+        self.node = wire.Node(self.host, tuple(gpu for gpu, _handle in self._gpus), error)
+        self._sink.node(self.node)
+        return self.node
+
+    def sample_once(self) -> int:
+        """Reads every value once and logs them at step = this unix second; returns how many values it logged."""
+        step = int(time.time())
+        if step <= self._last_step or self._closed:
+            return 0  # already sampled this second, or stopped
+        self._last_step = step
+        metrics = self._gpu_metrics() if self._nvml is not None else self._system_metrics()
+        if metrics:
+            self._sink.log(metrics, step=step)
+        return len(metrics)
+
+    def _gpu_metrics(self) -> dict[str, float]:
+        nvml = self._nvml
+        assert nvml is not None
+        metrics: dict[str, float] = {}
+        for gpu, handle in self._gpus:
+            values, errors = read_gpu(nvml, handle)
+            try:
+                values["run_mem"] = float(
+                    sum(m for pid, m in gpu_processes(nvml, handle) if pid in self._run_processes)
+                )
+            except nvml.NVMLError as error:
+                errors["run_mem"] = str(error)
+            for reason in dict.fromkeys(errors.values()):  # a lost GPU fails every field: one line, not seven
+                fields = ", ".join(field for field, why in errors.items() if why == reason)
+                self._warn(f"{gpu.index}/{reason}", f"cannot read {fields} of GPU {gpu.index} on {self.host}: {reason}")
+            key = wire.GPU_KEY.format
+            metrics.update({key(host=self.host, index=gpu.index, field=f): v for f, v in values.items()})
+        return metrics
+
+    def _system_metrics(self) -> dict[str, float]:
+        values = system_values()
+        if not values:
+            self._warn("psutil", "psutil is not installed: no CPU or memory samples either")
+        return {wire.SYS_KEY.format(host=self.host, field=field): value for field, value in values.items()}
+
+    def _guarded(self, work: Callable[[], object]) -> None:
+        # The sampler must outlive anything NVML or the sink throws, and never take the training down with it.
+        try:
+            work()
+        except Exception as error:
+            self._warn(f"bug {type(error).__name__}", f"GPU sampler error, carrying on: {error!r}")
+
+    def _warn(self, topic: str, message: str) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            print(f"rankboard: [gpu] {message}", file=sys.stderr, flush=True)
+
+
+def sample_interval(environ: Mapping[str, str] = os.environ) -> float:
+    """RANKBOARD_GPU_SAMPLE_S, or the default when unset or not a number; at least MIN_SAMPLE_S."""
+    interval, problem = wire.seconds_from_env(environ, ENV_SAMPLE_S, DEFAULT_SAMPLE_S, MIN_SAMPLE_S)
+    if problem:
+        print(f"rankboard: [gpu] {problem}; sampling every {interval:g} s", file=sys.stderr, flush=True)
+    return interval
+
+
+def start_sampling(
+    reporter: Sink | None = None, *, host: str | None = None, environ: Mapping[str, str] = os.environ
+) -> GpuSampler | None:
+    """Starts sampling this node's GPUs into the run; only on local rank 0, and only inside a dashboard run.
+
+    `reporter` defaults to the process's own (`report.default_reporter()`); returns None where nothing samples.
+    """
+    if environ.get("LOCAL_RANK", "0") != "0":
+        return None
+    if reporter is None:
+        from . import report  # here, so that the server can use this module without the client
+
+        reporter = report.default_reporter()
+        if reporter is None:
+            return None
+    sampler = GpuSampler(
+        reporter,
+        host=host,
+        interval=sample_interval(environ),
+        visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+        launch_id=environ.get(wire.ENV_LAUNCH_ID),
+        environ=environ,
+    )
+    return sampler.start()
