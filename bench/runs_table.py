@@ -75,7 +75,8 @@ from app.core.models import Run, RunStatus, RunTag
 from app.core.settings import Settings
 from app.launcher import processes
 from app.main import create_app
-from app.schemas import BatchIn, RunCreate
+from app.schemas.metrics import BatchIn
+from app.schemas.runs import RunCreate
 from app.services import metrics, run_deletion
 from app.services.runs import hash_token
 from bench.chart import median_ms

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.core.db import make_engine
 from app.core.models import Run, RunStatus, utcnow
 from app.launcher import processes
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 from app.services.runs import hash_token
 from app.store import runs as run_store
 

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from app.core.models import Run, RunRank, RunStatus, utcnow
 from app.launcher import processes
 from app.launcher.local import LAUNCH_MARKER, LAUNCHER_LOG
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 from app.services.runs import hash_token
 from app.store import runs as run_store
 

@@ -6,7 +6,7 @@ from typing import get_args
 
 from rankboard import wire
 
-from app.schemas import BestMetric
+from app.schemas.runs import BestMetric
 from trainer.workloads import WORKLOADS
 
 

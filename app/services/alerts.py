@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.core.errors import RunNotFound
 from app.core.models import Alert, AlertDelivery, Run, RunStatus
 from app.core.settings import ALERT_CONDITIONS, Settings, Webhook
-from app.schemas import AlertDeliveryOut, AlertsOut, WebhookOut
+from app.schemas.alerts import AlertDeliveryOut, AlertsOut, WebhookOut
 from app.services import health, storage
 from app.store import alerts as alert_store
 from app.store import health as health_store

@@ -8,7 +8,7 @@ import operator
 from sqlalchemy.orm import Session
 
 from app.core.errors import FieldInvalid, SeriesNotFound
-from app.schemas import ChartOut, ChartRankOut
+from app.schemas.metrics import ChartOut, ChartRankOut
 from app.services import runs
 from app.store import charts as chart_store
 from app.store import chunks

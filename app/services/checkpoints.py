@@ -19,7 +19,8 @@ from app.core.errors import FieldInvalid, NotACheckpoint, PathNotFound, PathOuts
 from app.core.folders import RunFolders
 from app.core.humanize import size as size_text
 from app.core.models import Run
-from app.schemas import CheckpointOut, CheckpointRemoval, Deletion, Inspection, RunCreate
+from app.schemas.checkpoints import CheckpointOut, CheckpointRemoval, Deletion, Inspection
+from app.schemas.runs import RunCreate
 from app.services import storage
 from app.store import audit
 from app.store import runs as run_store

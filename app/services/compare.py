@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import FieldInvalid
 from app.core.models import MetricSummary, Run
-from app.schemas import ComparedMetricOut, ComparedOptionOut, ComparedRunOut, CompareOut, RunCreate
+from app.schemas.runs import RunCreate
+from app.schemas.runs_table import ComparedMetricOut, ComparedOptionOut, ComparedRunOut, CompareOut
 from app.services import runs
 from app.services.runs_table_query import NOT_COLUMNS, STATS
 from app.store import metrics as metric_store

@@ -19,7 +19,8 @@ from sqlalchemy.orm import Session
 from app.auth.passwords import sha256
 from app.core.errors import RunNotActive
 from app.core.models import Run, RunStatus, RunToken, utcnow
-from app.schemas import EndedIn, JoinIn, JoinOut
+from app.schemas.metrics import EndedIn
+from app.schemas.runs import JoinIn, JoinOut
 from app.store import audit
 from app.store import metrics as metric_store
 from app.store import ranks as rank_store

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, object_session
 
 from app.core.errors import RunNotFound
 from app.core.models import Run
-from app.schemas import DivergenceOut, FindingsOut, NonFiniteOut, StragglerOut
+from app.schemas.forensics import DivergenceOut, FindingsOut, NonFiniteOut, StragglerOut
 from app.store import findings as findings_store
 from app.store import metrics as metric_store
 from app.store import ranks as rank_store

@@ -28,7 +28,8 @@ from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.launcher.launchers import Launchers
-from app.schemas import DumpOut, DumpsOut, RankDumpIn, RankStateOut, RunCreate
+from app.schemas.forensics import DumpOut, DumpsOut, RankDumpIn, RankStateOut
+from app.schemas.runs import RunCreate
 from app.services import dump_requests, external, metrics, runs
 from app.store import audit
 from app.store import ranks as rank_store

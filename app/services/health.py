@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, object_session
 from app.core.errors import RunNotFound
 from app.core.humanize import duration
 from app.core.models import Run, RunRank, RunStatus, utcnow
-from app.schemas import StragglerOut
+from app.schemas.forensics import StragglerOut
 from app.services import dump_requests, findings
 from app.store import health as health_store
 from app.store import ranks as rank_store

@@ -21,7 +21,7 @@ from rankboard import gpu, wire
 from sqlalchemy.orm import Session
 
 from app.core.models import Run, RunStatus
-from app.schemas import GpuHolderOut, GpuProcessOut, HostGpuOut, HostOut
+from app.schemas.host import GpuHolderOut, GpuProcessOut, HostGpuOut, HostOut
 from app.store import runs as run_store
 
 HOLDS_GPUS = (RunStatus.starting, RunStatus.running, RunStatus.stopping)

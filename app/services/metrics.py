@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import InvalidToken, RunNotActive, SeriesNotFound
 from app.core.models import Run, RunStatus, utcnow
-from app.schemas import BatchIn, IngestResult, PointOut, SeriesOut
+from app.schemas.metrics import BatchIn, IngestResult, PointOut, SeriesOut
 from app.services import dump_requests, external, nodes, runs
 from app.store import charts as chart_store
 from app.store import chunks

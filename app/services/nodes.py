@@ -6,7 +6,8 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
 from app.core.models import Run, utcnow
-from app.schemas import HeartbeatIn, NodeIn, RankOut
+from app.schemas.health import RankOut
+from app.schemas.metrics import HeartbeatIn, NodeIn
 from app.store import ranks as rank_store
 from app.store import runs as run_store
 

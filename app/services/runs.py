@@ -19,7 +19,7 @@ from app.launcher import slurm
 from app.launcher.interface import JobView, Launcher, LaunchRefused
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 from app.services import alerts, checkpoints, external, files, health, logs, metrics, storage
 from app.store import audit
 from app.store import metrics as metric_store

@@ -13,7 +13,7 @@ from typing import Literal
 
 from app.core.errors import FieldInvalid
 from app.core.models import RunStatus
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 
 Op = Literal["<", "<=", ">", ">=", "=", "!="]
 Stat = Literal["last", "min", "max"]

@@ -18,7 +18,7 @@ from app.core.folders import RunFolders
 from app.core.models import Run
 from app.core.settings import Settings
 from app.launcher.launchers import Launchers
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 from app.services import comm, runs
 
 MAX_PROCESSES = 64

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from rankboard import wire
 
 from app.core.errors import FormInvalid
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 
 
 @dataclass(frozen=True)

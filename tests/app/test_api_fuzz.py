@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.main import create_app
-from app.schemas import BatchIn
+from app.schemas.metrics import BatchIn
 from app.services import metrics
 from app.services.runs import hash_token
 from tests.app.conftest import TOKEN as RUN_TOKEN

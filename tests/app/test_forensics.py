@@ -9,7 +9,7 @@ import json
 from fastapi.testclient import TestClient
 from rankboard import wire
 
-from app.schemas import RankDumpIn
+from app.schemas.forensics import RankDumpIn
 from app.services.forensics import analyse
 from tests.app.conftest import TOKEN, post
 

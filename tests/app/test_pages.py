@@ -7,7 +7,7 @@ from datetime import timedelta
 from fastapi.testclient import TestClient
 
 from app.core.models import Run, RunStatus, utcnow
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 from app.web.forms import as_form_text
 
 FORM_DEFAULTS = as_form_text(RunCreate().model_dump())  # what the form posts when nothing is changed

@@ -18,7 +18,7 @@ from app.core.db import make_engine
 from app.core.models import Base, Run, RunStatus
 from app.core.settings import Settings
 from app.main import create_app
-from app.schemas import BatchIn
+from app.schemas.metrics import BatchIn
 from app.services import metrics
 from app.store import metrics as metric_store
 from tests.app import test_health, test_supervisor

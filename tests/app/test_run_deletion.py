@@ -14,7 +14,7 @@ from sqlalchemy import text
 
 from app.core.models import Run, RunStatus
 from app.launcher import processes
-from app.schemas import BatchIn
+from app.schemas.metrics import BatchIn
 from app.services import metrics, run_deletion
 from app.services.runs import hash_token
 

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from app.core.models import Run
 from app.core.settings import Settings
 from app.launcher.local import LocalLauncher
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 from app.web.forms import as_form_text
 from trainer.config import TrainConfig
 

@@ -29,7 +29,7 @@ from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.launcher import processes
 from app.main import create_app
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 from app.services.runs import hash_token
 
 TOKEN = "table-t0ken"

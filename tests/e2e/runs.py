@@ -10,7 +10,7 @@ from sqlalchemy import insert, update
 from app.core.db import make_engine
 from app.core.models import Run, RunStatus
 from app.launcher import processes
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 from app.services.runs import hash_token
 from tests.live import LiveServer, points, run_processes, wait_for
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from app.auth.policy import is_public
 from app.core.errors import NotAllowed, NotAuthenticated, RankboardError
-from app.schemas import ErrorOut
+from app.schemas.common import ErrorOut
 from app.web.guard import SESSION_COOKIE
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from app.core.errors import RunNotFound
 from app.core.models import AlertDelivery
-from app.schemas import AlertDeliveryOut, AlertsOut
+from app.schemas.alerts import AlertDeliveryOut, AlertsOut
 from app.services import alerts
 from app.web.api import documented
 from app.web.deps import SessionDep, SettingsDep

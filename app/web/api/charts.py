@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from app.core.errors import FieldInvalid, RunNotFound, SeriesNotFound
-from app.schemas import ChartOut
+from app.schemas.metrics import ChartOut
 from app.services import charts
 from app.web.api import documented
 from app.web.deps import SessionDep

@@ -6,7 +6,8 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, Response
 
 from app.core.errors import NotACheckpoint, PathNotFound, PathOutsideRoot, PathTooLong
-from app.schemas import FolderOut, Inspection
+from app.schemas.checkpoints import Inspection
+from app.schemas.files import FolderOut
 from app.services import checkpoints, storage
 from app.web.api import documented
 from app.web.deps import SettingsDep

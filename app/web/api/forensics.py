@@ -8,7 +8,8 @@ from fastapi import APIRouter, Depends, Path
 
 from app.core.errors import FieldInvalid, InvalidToken, RunNotActive, RunNotFound
 from app.core.models import Run
-from app.schemas import DumpRequested, DumpsOut, FindingsOut, RankDumpIn, RunDetail
+from app.schemas.forensics import DumpRequested, DumpsOut, FindingsOut, RankDumpIn
+from app.schemas.runs import RunDetail
 from app.services import findings as found
 from app.services import forensics
 from app.web.api import UNREADABLE_BODY, documented

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from app.schemas import HostOut
+from app.schemas.host import HostOut
 from app.services import host
 from app.web.deps import SessionDep
 

@@ -11,22 +11,10 @@ from pydantic import ValidationError
 
 from app.core.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActive, RunNotFound, SeriesNotFound
 from app.core.models import Run, RunStatus
-from app.schemas import (
-    BatchIn,
-    BestMetric,
-    CheckpointOut,
-    CheckpointRemoval,
-    Deletion,
-    HealthOut,
-    IngestResult,
-    JoinIn,
-    JoinOut,
-    RankOut,
-    RunCreate,
-    RunDetail,
-    RunPage,
-    SeriesOut,
-)
+from app.schemas.checkpoints import CheckpointOut, CheckpointRemoval, Deletion
+from app.schemas.health import HealthOut, RankOut
+from app.schemas.metrics import BatchIn, IngestResult, SeriesOut
+from app.schemas.runs import BestMetric, JoinIn, JoinOut, RunCreate, RunDetail, RunPage
 from app.services import checkpoints, external, files, health, metrics, nodes, runs, runs_table
 from app.services import runs_table_query as run_query
 from app.web.api import UNREADABLE_BODY, documented, request_body

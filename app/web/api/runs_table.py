@@ -6,7 +6,8 @@ from fastapi import APIRouter
 
 from app.core.errors import FieldInvalid, RunNotActive, RunNotFound
 from app.core.models import Run
-from app.schemas import BulkIn, BulkOut, CompareOut, RunDeletionOut, RunDetail, RunLabels
+from app.schemas.runs import RunDetail
+from app.schemas.runs_table import BulkIn, BulkOut, CompareOut, RunDeletionOut, RunLabels
 from app.services import compare, run_deletion, runs_table
 from app.web.api import UNREADABLE_BODY, documented
 from app.web.deps import CallerDep, FoldersDep, SessionDep

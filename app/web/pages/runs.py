@@ -14,7 +14,7 @@ from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.launcher.launchers import Launchers
-from app.schemas import RunCreate
+from app.schemas.runs import RunCreate
 from app.services import (
     alerts,
     checkpoints,
