@@ -11,7 +11,7 @@ from fastapi.templating import Jinja2Templates
 from app.core.humanize import duration, metric, size
 from app.core.models import RunStatus
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 
 
 def timestamp(value: datetime | None) -> str:
