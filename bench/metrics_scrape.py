@@ -5,6 +5,12 @@
 Each run is fed through the real ingest endpoint: 500 loss steps and 120 samples (two minutes at 1 s) of each GPU
 field the trainer sends. The supervisor is told to sleep, so the runs stay as they are set: running, reported to by
 this process.
+
+Last measured (this 2-core machine, shared, 2026-11-27; 5 runs of 40 scrapes each, interleaved): prometheus_client
+writing the exposition, a median of 41.6 ms (run medians 41.1 to 81.6 ms, the two slowest while the machine was
+busy; fastest scrapes 40.1 to 41.4), against 34.7 ms (33.8 to 36.1; fastest 32.7 to 33.5) for the text format
+written by hand before: about 7 ms more for its 2,336 lines, in building a sample object per line and checking
+and escaping each label. At a 15 s scrape interval that is 0.05% of a core.
 """
 
 from __future__ import annotations

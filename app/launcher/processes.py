@@ -1,13 +1,15 @@
-"""What Linux's /proc says about processes: are they the ones we started, and which belong to a run."""
+"""What psutil says about processes: are they the ones we started, and which belong to a run."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
-from pathlib import Path
 
-PROC = Path("/proc")
+import psutil
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)  # exited; only the parent has not reaped it yet
 
 
 def start_ticks(pid: int) -> int | None:
@@ -16,14 +18,17 @@ def start_ticks(pid: int) -> int | None:
     A pid alone can be reused by another process; (pid, start time) names one process for good.
     """
     try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        process = psutil.Process(pid)
+        with process.oneshot():
+            if process.status() in GONE:
+                return None
+            started = process.create_time()
+        boot = psutil.boot_time()
+    except psutil.Error:
         return None
-    # The command name (field 2) may hold spaces and parentheses; the fields after its last ')' are fixed.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+    # psutil adds the boot time to the kernel's ticks since boot, and that sum moves when the clock is set (NTP): the
+    # ticks alone do not, and are what a run stored before holds (Run.pid_start_ticks), so the ticks are kept.
+    return round((started - boot) * CLOCK_TICKS)
 
 
 def is_alive(pid: int, ticks: int | None) -> bool:
@@ -37,17 +42,11 @@ def pids_with_env(name: str, value: str) -> list[int]:
 
     torchrun starts each worker in a session of its own, so a process group does not reach them all.
     """
-    needle = f"{name}={value}".encode()
     found = []
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and start_ticks(int(entry.name)) is not None:
-            found.append(int(entry.name))
+    for process in psutil.process_iter(["environ"]):  # another user's environment reads as None
+        environ = process.info["environ"] or {}
+        if environ.get(name) == value and start_ticks(process.pid) is not None:
+            found.append(process.pid)
     return found
 
 

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import psutil
 from rankboard import wire
 from sqlalchemy.orm import Session
 
@@ -212,10 +213,8 @@ def _within_bounds(child: subprocess.Popen[bytes], started: float, relative: str
 
 
 def _rss(pid: int) -> int:
+    """The process's resident memory in bytes; 0 once it is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return 0
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return 0

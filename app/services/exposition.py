@@ -1,5 +1,6 @@
-"""/metrics: the server's state in Prometheus' text exposition format (version 0.0.4), written out here.
+"""/metrics: the server's state in Prometheus' text exposition format (version 0.0.4), written by prometheus_client.
 
+Each scrape reads a `Snapshot` and hands it, as the one collector of a registry of its own, to `generate_latest`.
 Cardinality is bounded: only live runs (starting, running, stopping) get series of their own, at most MAX_RUNS of
 them (the newest), and at most MAX_GPU_SERIES GPU series among them. Counters of ingest are this process's own and
 restart from 0 with it, which Prometheus' rate() expects of a counter.
@@ -7,18 +8,23 @@ restart from 0 with it, which Prometheus' rate() expects of a counter.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-from functools import partial
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
-from app.core.models import RunStatus
+from app.core.models import Run, RunStatus
 from app.services.metrics import IngestCounters
 from app.store import exposition as store
 from app.store import metrics as metric_store
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# What generate_latest writes for these names, and the header scrapers have always read here: the library's
+# CONTENT_TYPE_LATEST names version 1.0.0 since 0.23, which older scrapers (Prometheus 2 among them) do not know.
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 LIVE = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
 MAX_RUNS = 100
 MAX_GPU_SERIES = 2000  # 500 GPUs, four fields each
@@ -29,11 +35,54 @@ GPU_METRICS = {
     "mem_total": ("rankboard_gpu_memory_total_bytes", "GPU memory in all, newest sample", 1.0),
     "power": ("rankboard_gpu_power_watts", "GPU power draw, newest sample", 1.0),
 }
+RUN_LABELS = ("run_id", "run_name")
+GPU_LABELS = ("run_id", "host", "gpu")
 
-Sample = tuple[dict[str, str], float]
+Sample = tuple[Sequence[str], float]  # label values in the family's order, value
 
 
-def render(db: Session, *, counters: IngestCounters) -> str:
+@dataclass(frozen=True, eq=False)  # eq=False: a registry keys its collectors by identity
+class Snapshot(Collector):
+    """What one scrape shows, read in one transaction; its families come out in the order they are documented."""
+
+    by_status: dict[RunStatus, int]
+    runs: Sequence[Run]
+    losses: dict[int, float | None]
+    gpus: list[tuple[int, str, float | None]]  # (run_id, gpu/<host>/<index>/<field>, newest value)
+    batches: int
+    accepted: int
+    stored: int
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._run_families()
+        yield from self._gpu_families()
+        yield CounterMetricFamily("rankboard_ingest_batches_total", "Metric batches taken since the server started",
+                                  value=self.batches)  # fmt: skip
+        yield CounterMetricFamily("rankboard_ingest_points_accepted_total", "Points received since the server started",
+                                  value=self.accepted)  # fmt: skip
+        yield CounterMetricFamily("rankboard_ingest_points_stored_total",
+                                  "Points new to the store since the server started", value=self.stored)  # fmt: skip
+
+    def _run_families(self) -> Iterator[Metric]:
+        runs = [((str(run.id), run.name), run) for run in self.runs]
+        yield gauge("rankboard_runs", "Runs by status", ("status",),
+                    [((s.value,), self.by_status.get(s, 0)) for s in RunStatus])  # fmt: skip
+        yield gauge("rankboard_queue_length", "Runs waiting to be launched", (),
+                    [((), self.by_status.get(RunStatus.queued, 0))])  # fmt: skip
+        yield gauge("rankboard_run_step", "Live run's step", RUN_LABELS, [(ls, r.step) for ls, r in runs])
+        yield gauge("rankboard_run_samples_per_second", "Live run's throughput", RUN_LABELS,
+                    [(ls, r.samples_per_s) for ls, r in runs])  # fmt: skip
+        yield gauge("rankboard_run_loss", "Live run's last loss (rank 0)", RUN_LABELS,
+                    [(ls, loss) for ls, r in runs if (loss := self.losses[r.id]) is not None])  # fmt: skip
+
+    def _gpu_families(self) -> Iterator[Metric]:
+        for field, (name, help_text, divisor) in GPU_METRICS.items():
+            samples = [(_gpu_labels(run_id, key), value / divisor) for run_id, key, value in self.gpus
+                       if key.rsplit("/", 1)[1] == field and value is not None]  # fmt: skip
+            yield gauge(name, help_text, GPU_LABELS, samples)
+
+
+def render(db: Session, *, counters: IngestCounters) -> bytes:
     """The whole exposition, read in one transaction (one snapshot on PostgreSQL; SQLite's driver reads each query
     afresh, so a batch stored meanwhile may show in one family and not yet in another)."""
     with db.begin():
@@ -43,48 +92,19 @@ def render(db: Session, *, counters: IngestCounters) -> str:
         gpus = store.latest_gpu_samples(
             db, run_ids=[r.id for r in runs], fields=list(GPU_METRICS), limit=MAX_GPU_SERIES
         )
-    labels = {run.id: {"run_id": str(run.id), "run_name": run.name} for run in runs}
-    out: list[str] = []
-    gauge = partial(family, out, kind="gauge")
-    gauge("rankboard_runs", "Runs by status", [({"status": s.value}, by_status.get(s, 0)) for s in RunStatus])
-    gauge("rankboard_queue_length", "Runs waiting to be launched", [({}, by_status.get(RunStatus.queued, 0))])
-    gauge("rankboard_run_step", "Live run's step", [(labels[r.id], r.step) for r in runs])
-    gauge("rankboard_run_samples_per_second", "Live run's throughput", [(labels[r.id], r.samples_per_s) for r in runs])
-    gauge("rankboard_run_loss", "Live run's last loss (rank 0)",
-          [(labels[r.id], loss) for r in runs if (loss := losses[r.id]) is not None])  # fmt: skip
-    for field, (name, help_text, divisor) in GPU_METRICS.items():
-        gauge(name, help_text, [(_gpu_labels(run_id, key), value / divisor) for run_id, key, value in gpus
-                                if key.rsplit("/", 1)[1] == field and value is not None])  # fmt: skip
-    counter = partial(family, out, kind="counter")
-    counter("rankboard_ingest_batches_total", "Metric batches taken since the server started", [({}, counters.batches)])
-    counter("rankboard_ingest_points_accepted_total", "Points received since the server started",
-            [({}, counters.accepted)])  # fmt: skip
-    counter("rankboard_ingest_points_stored_total", "Points new to the store since the server started",
-            [({}, counters.stored)])  # fmt: skip
-    return "".join(out)
+    registry = CollectorRegistry()
+    registry.register(Snapshot(by_status, runs, losses, gpus, counters.batches, counters.accepted, counters.stored))
+    return generate_latest(registry)
 
 
-def _gpu_labels(run_id: int, key: str) -> dict[str, str]:
+def gauge(name: str, help_text: str, labels: Sequence[str], samples: Iterable[Sample]) -> GaugeMetricFamily:
+    """One gauge family with a sample per (label values, value)."""
+    family = GaugeMetricFamily(name, help_text, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
+def _gpu_labels(run_id: int, key: str) -> tuple[str, str, str]:
     _, host, index, _ = key.split("/")  # gpu/<host>/<index>/<field>
-    return {"run_id": str(run_id), "host": host, "gpu": index}
-
-
-def family(out: list[str], name: str, help_text: str, samples: Iterable[Sample], *, kind: str) -> None:
-    """Appends one metric family: its HELP and TYPE lines, then a line per sample."""
-    out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
-    for labels, value in samples:
-        pairs = ",".join(f'{k}="{escape(v)}"' for k, v in labels.items())
-        out.append(f"{name}{{{pairs}}} {number(value)}\n" if pairs else f"{name} {number(value)}\n")
-
-
-def escape(value: str) -> str:
-    """A label value as the format quotes it: backslash, double quote and line feed escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() or abs(value) >= 1e15 else str(int(value))
+    return str(run_id), host, index

@@ -14,14 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 from rankboard import wire
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Role, Run, RunStatus
 from app.core.settings import Settings
 from app.main import create_app
 from app.services import tokens
-from app.services.runs import hash_token
 from tests.app.conftest import TOKEN, post
 
 NOW = 1_790_000_000
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_settings(root: Path, **extra: Any) -> Settings:
@@ -71,7 +72,7 @@ def families(text: str) -> dict[str, list[Any]]:
 def test_the_official_parser_reads_it_and_each_runs_numbers_are_the_apis(scraped: Any) -> None:
     client, fed = scraped
     answer = client.get("/metrics")
-    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert answer.status_code == 200 and answer.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     got = families(answer.text)
     for run_id in fed:
         run = client.get(f"/api/runs/{run_id}").json()
@@ -126,9 +127,18 @@ def test_with_authentication_on_it_needs_a_viewer_or_a_token(tmp_path: Path) -> 
         assert scraped.status_code == 200 and "rankboard_runs" in families(scraped.text)
 
 
+def test_the_readme_names_every_metric_served_and_no_other(scraped: Any) -> None:
+    client, _fed = scraped
+    readme = (ROOT / "README.md").read_text()
+    monitoring = readme.split("## Monitoring: Prometheus and alerts", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"rankboard_[a-z_]+", monitoring))
+    served = {sample.name for samples in families(client.get("/metrics").text).values() for sample in samples}
+    assert documented == served
+
+
 def test_the_grafana_dashboard_asks_only_for_metrics_that_are_served(scraped: Any) -> None:
     client, _fed = scraped
-    dashboard = json.loads((Path(__file__).resolve().parents[2] / "examples" / "grafana_dashboard.json").read_text())
+    dashboard = json.loads((ROOT / "examples" / "grafana_dashboard.json").read_text())
     asked = {name for panel in dashboard["panels"] for target in panel["targets"]
              for name in re.findall(r"rankboard_[a-z_]+", target["expr"])}  # fmt: skip
     served = {sample.name for samples in families(client.get("/metrics").text).values() for sample in samples}

@@ -13,5 +13,4 @@ router = APIRouter(tags=["monitoring"])
 
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics (text exposition format)")
 def metrics(db: SessionDep, counters: IngestCountersDep) -> Response:
-    text = exposition.render(db, counters=counters)
-    return Response(text, media_type=exposition.CONTENT_TYPE)
+    return Response(exposition.render(db, counters=counters), media_type=exposition.CONTENT_TYPE)
