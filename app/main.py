@@ -72,7 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     alerting = bool(settings.alert_webhooks)
     supervisor = Supervisor(
         sessions, launchers, folders, interval=settings.supervise_interval_s, grace=settings.stop_grace_s,
-        stall_after=settings.stall_after_s, lost_after=settings.external_lost_after_s,
+        stall_after=settings.stall_after_s,
         alert_rules=AlertRules.from_settings(settings) if alerting else None,
         alert_sender=AlertSender(sessions, settings) if alerting else None,
     )  # fmt: skip

@@ -26,7 +26,6 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.core.db import alembic_config, make_engine
-from app.core.models import Run, RunStatus
 from app.store import metrics as metric_store
 
 RUNS = 100
@@ -39,11 +38,14 @@ def build_old_store(url: str, points: int) -> None:
     engine = make_engine(url)
     with Session(engine) as db, db.begin():
         for number in range(RUNS):
-            run = Run(name=f"old-{number}", status=RunStatus.succeeded, workload="mlp", nproc_per_node=2, epochs=1,
-                      batch_size=1, lr=0.1, checkpoint_every=1, seed=0)  # fmt: skip
-            db.add(run)
-            db.flush()
-            series = metric_store.series_ids(db, run_id=run.id, keys=["loss"])["loss"]
+            # In SQL, as the store was then: today's Run keeps its options in a config document (0017).
+            run_id = db.execute(text(
+                "INSERT INTO runs (name, status, status_reason, created_at, workload, nproc_per_node, epochs,"
+                " batch_size, lr, checkpoint_every, seed, epoch, step, total_steps, samples_per_s, trainer_finished)"
+                f" VALUES ('old-{number}', 'succeeded', '', '2026-01-01 00:00:00', 'mlp', 2, 1, 1, 0.1, 1, 0, 0, 0,"
+                " 0, 0, 0)"
+            )).lastrowid  # fmt: skip
+            series = metric_store.series_ids(db, run_id=run_id, keys=["loss"])["loss"]
             now = 1_763_000_000.0 + number * 86_400
             rows = []
             for step in range(per_run):

@@ -40,6 +40,21 @@ later writes reuse it. Each PostgreSQL row carries ~24 bytes of header, where SQ
       max / p99 (nothing deleted)                   36.9 / 5.5 (11.1 / 6.2)  12.5 / 10.9 (14.6 / 12.6) ms
     deleting the 1,000,000-point run                      6.7 s             5.5 s
 
+The trainer's options as keys of each run's config document (0017; `lr < 1e-3` sorted by `-batch_size`, the two
+"option" lines), measured apart with `--points 100000 --big 10000` (10,011 runs; the option filter reads only `runs`),
+HEAD with the options as columns and then as documents, back to back, medians of 15, two rounds each (this 2-core
+machine, shared, 2026-11-27):
+
+                                                  columns          documents
+    GET /api/runs, SQLite                      12.9 / 11.8 ms    31.8 / 32.2 ms
+    runs page, SQLite                          10.9 / 10.5 ms    29.5 / 29.7 ms
+    GET /api/runs, PostgreSQL 15               18.7 / 17.4 ms    30.1 / 29.3 ms (json, not jsonb: 118.7 / 112.8 ms)
+    runs page, PostgreSQL 15                   16.8 / 14.6 ms    27.7 / 26.8 ms
+
+SQLite parses each run's document (about 600 bytes) in each pass over the runs, the count's and the page's: 8 ms a
+pass at 10,000 runs, the query alone. The metric filter's lines, which also show the option `lr` as a column, took
+22.4-24.5 ms before and 27.3-28.4 ms after on SQLite (each run listed carries its document), the same on PostgreSQL.
+
 With one row per point (until 0015), the same store: 269,000 and 49,700 points/s to build, 7.42 GB on SQLite (73.1
 bytes a point), 10 charts 157 and 387 ms, run page 10.1 and 416 ms (before the goodput read's fix), deletion 21.7 s.
 
@@ -71,6 +86,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import func, insert, select, text, update
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Run, RunStatus, RunTag
 from app.core.settings import Settings
 from app.launcher import processes
@@ -78,7 +94,6 @@ from app.main import create_app
 from app.schemas.metrics import BatchIn
 from app.schemas.runs import RunCreate
 from app.services import metrics, run_deletion
-from app.services.runs import hash_token
 from bench.chart import median_ms
 
 TOKEN = "bench-t0ken"
@@ -88,11 +103,13 @@ TAGS = [f"sweep-{i}" for i in range(50)]
 
 def insert_runs(sessions: Any, count: int, rng: random.Random) -> list[int]:
     """`count` running runs with a token, varied options and a tag or two; their ids."""
-    spec = RunCreate().model_dump(exclude={"allow_low_disk"})
+    spec = RunCreate()
     me = os.getpid()  # their process: this one, so that a supervisor's tick finds them alive
-    rows = [{**spec, "name": f"{rng.choice(['resnet', 'gpt', 'bert', 'vit'])}-{i}", "lr": rng.choice([1e-4, 3e-4,
-             1e-3, 3e-3]), "batch_size": rng.choice([32, 64, 128]), "status": RunStatus.running, "status_reason": "",
-             "token_hash": hash_token(TOKEN), "pid": me, "pid_start_ticks": processes.start_ticks(me)}
+    rows = [{**spec.columns(), "name": f"{rng.choice(['resnet', 'gpt', 'bert', 'vit'])}-{i}",
+             "config": spec.config() | {"lr": rng.choice([1e-4, 3e-4, 1e-3, 3e-3]),
+                                        "batch_size": rng.choice([32, 64, 128])},
+             "status": RunStatus.running, "status_reason": "", "token_hash": hash_token(TOKEN), "pid": me,
+             "pid_start_ticks": processes.start_ticks(me)}
             for i in range(count)]  # fmt: skip
     with sessions() as db, db.begin():
         before = db.scalar(select(func.max(Run.id))) or 0
@@ -245,9 +262,12 @@ def main() -> None:
 
 def measure(client: TestClient, ids: list[int], big_runs: list[int], repeats: int) -> None:
     view = {"filter": "val_loss.min < 0.9", "sort": "-loss.last", "columns": "lr,loss.last,val_loss.min"}
+    options = {"filter": "lr < 1e-3", "sort": "-batch_size", "columns": "lr,batch_size"}  # keys of config documents
     checks: dict[str, Callable[[], object]] = {
         "GET /api/runs metric filter + metric sort": lambda: client.get("/api/runs", params={**view, "limit": 50}),
         "runs page, metric filter + metric sort": lambda: client.get("/", params=view),
+        "GET /api/runs option filter + option sort": lambda: client.get("/api/runs", params={**options, "limit": 50}),
+        "runs page, option filter + option sort": lambda: client.get("/", params=options),
         "GET /api/runs tag search (q=sweep-7)": lambda: client.get("/api/runs", params={"q": "sweep-7"}),
         "GET /api/runs name search (q=bert-99)": lambda: client.get("/api/runs", params={"q": "bert-99"}),
         "runs page, tag search": lambda: client.get("/", params={"q": "sweep-7"}),

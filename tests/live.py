@@ -18,12 +18,12 @@ from rankboard import wire
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.db import make_engine
 from app.core.models import Run, RunStatus, utcnow
 from app.launcher import processes
 from app.schemas.runs import RunCreate
-from app.services.runs import hash_token
-from app.store import runs as run_store
+from app.services.lifecycle import transitions
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -107,11 +107,12 @@ def open_run(server: LiveServer, token: str, status: str = "running") -> int:
     me = os.getpid()
     spec = RunCreate(name="client", nproc_per_node=1)
     with server_db(server) as db:
-        run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus(status), token_hash=hash_token(token),
-                  pid=me, pid_start_ticks=processes.start_ticks(me), started_at=utcnow())  # fmt: skip
+        run = Run(**spec.model_dump(exclude={"allow_low_disk"}), token_hash=hash_token(token), pid=me,
+                  pid_start_ticks=processes.start_ticks(me), started_at=utcnow())  # fmt: skip
         db.add(run)
-        db.flush()
-        run_store.set_status(db, run, run.status, "opened by the test, as a launcher leaves a started run")
+        transitions.move(db, run, RunStatus.starting, "opened by the test, as a launcher leaves a started run")
+        if status != RunStatus.starting:
+            transitions.move(db, run, RunStatus(status), f"moved to {status} by the test")
         return run.id
 
 

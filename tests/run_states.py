@@ -26,12 +26,12 @@ from rankboard import wire
 from sqlalchemy import insert, update
 from sqlalchemy.orm import Session
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Run, RunRank, RunStatus, utcnow
 from app.launcher import processes
 from app.launcher.local import LAUNCH_MARKER, LAUNCHER_LOG
 from app.schemas.runs import RunCreate
-from app.services.runs import hash_token
-from app.store import runs as run_store
+from app.services.lifecycle import transitions
 
 TOKEN = "walk-t0ken"
 HOST = "node-a"
@@ -115,15 +115,15 @@ def _create(sessions: Sessions, states: Iterable[str]) -> dict[str, Seeded]:
             run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="")
             db.add(run)
             db.flush()
-            run_store.set_status(db, run, RunStatus.queued, "created; waiting for free process slots")
+            transitions.move(db, run, RunStatus.queued, "created; waiting for free process slots")
             if state == "queued in Slurm":  # submitted; its job waits for nodes
                 run.started_at, run.token_hash, run.attempt = now, hash_token(TOKEN), 1
                 run.job_id, run.job_state, run.job_reason = "4242", "PENDING", "Resources"
-                run_store.set_status(db, run, RunStatus.queued, says)
+                transitions.move(db, run, RunStatus.queued, says)
             elif state != "queued":
                 run.started_at, run.devices, run.token_hash = now, SLOTS, hash_token(TOKEN)
                 run.pid, run.pid_start_ticks = me, processes.start_ticks(me)
-                run_store.set_status(db, run, RunStatus.starting, f"torchrun started (pid {me}) on 2 CPU process slots")
+                transitions.move(db, run, RunStatus.starting, f"torchrun started (pid {me}) on 2 CPU process slots")
             seeded[state] = Seeded(state, run.id, run.name, status, says)
     return seeded
 
@@ -246,7 +246,7 @@ def _settle(sessions: Sessions, seeded: dict[str, Seeded]) -> None:
 
 def _stopping(db: Session, run: Run, now: Any) -> None:
     run.stop_requested_at = now
-    run_store.set_status(db, run, RunStatus.stopping, "stop requested: finishing the step, saving")
+    transitions.move(db, run, RunStatus.stopping, "stop requested: finishing the step, saving")
 
 
 def _ended(status: RunStatus, exit_code: int | None, reason: str) -> Callable[[Session, Run, Any], None]:
@@ -256,7 +256,7 @@ def _ended(status: RunStatus, exit_code: int | None, reason: str) -> Callable[[S
         run.finished_at, run.exit_code, run.devices, run.final_loss = now - timedelta(minutes=1), exit_code, None, 0.05
         if status == RunStatus.succeeded:
             run.trainer_finished, run.step, run.epoch = True, run.total_steps, run.epochs
-        run_store.set_status(db, run, status, reason)
+        transitions.move(db, run, status, reason)
 
     return end
 
@@ -286,7 +286,7 @@ def supervisor_has_seen(api: httpx.Client, seeded: dict[str, Seeded]) -> bool:
 
 def bulk_runs(sessions: Sessions, count: int) -> None:
     """`count` older runs that ended each way, inserted at once: a store with a long history, for the list's pages."""
-    spec = RunCreate().model_dump(exclude={"allow_low_disk"})
+    spec = {**RunCreate().columns(), "config": RunCreate().config()}  # its options in its config document
     # Only ended runs: a supervisor would find no process behind a live one and end it as lost, and launch a queued one.
     now, statuses = utcnow(), [status for status in RunStatus if status.is_final]
     rows = []

@@ -80,3 +80,113 @@ def test_mypy_checks_every_module_of_the_built_in_program() -> None:
         f"trainer.{path.stem}" for path in (REPO / "trainer").glob("*.py") if path.stem not in ("__init__", "__main__")
     }
     assert listed == present | {"trainer"}
+
+
+def module_name(path: Path, root: Path) -> str:
+    """A file's module as Python imports it: trainer/rankboard/ is the installed `rankboard`."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[:2] == ["trainer", "rankboard"]:
+        parts = parts[1:]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path, folders: tuple[str, ...]) -> dict[str, set[str]]:
+    """Each module below `folders` and the modules of that tree it imports, anywhere in it: an import inside a function
+    (made there to dodge a circle at import time) is an edge all the same."""
+    files = {module_name(path, root): path for folder in folders for path in (root / folder).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                wanted = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]) if node.level else ""
+                module = ".".join(part for part in (base, node.module or "") if part)
+                wanted = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for imported in wanted:  # the longest prefix that is a module of the tree: `from a import b` may be a.b
+                parts = imported.split(".")
+                while parts and ".".join(parts) not in files:
+                    parts.pop()
+                if parts and ".".join(parts) != name:
+                    edges.add(".".join(parts))
+        graph[name] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import one another, round a circle of any length."""
+    reach = {}
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            module = todo.pop()
+            if module not in seen:
+                seen.add(module)
+                todo.extend(graph.get(module, ()))
+        reach[start] = seen
+    groups = {tuple(sorted(other for other in reach[m] if m in reach[other])) for m in graph if m in reach[m]}
+    return sorted(list(group) for group in groups)
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """Layers point one way: a circle, lazy or not, means two modules are one concern split badly."""
+    assert circles(import_graph(REPO, ("app", "trainer"))) == []
+
+
+def test_a_circle_through_an_import_inside_a_function_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "app" / "things"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from app.things import b\n")
+    (package / "b.py").write_text("def later():\n    from . import c\n")
+    (package / "c.py").write_text("import app.things.a\n")
+    (package / "d.py").write_text("from app.things.a import x\n")  # imports into the circle, is not part of it
+    assert circles(import_graph(tmp_path, ("app",))) == [["app.things.a", "app.things.b", "app.things.c"]]
+
+
+# Objects other than runs whose `status` the services set (an alert's delivery).
+OTHER_STATUSES = {"delivery"}
+TRANSITIONS = "app/services/lifecycle/transitions.py"
+
+
+def status_writes(path: Path) -> list[str]:
+    """Where a file sets a run's status other than through transitions.move: an assignment to `.status` (or its
+    reason), a Run made with one, an event written by hand, an UPDATE of runs that sets it."""
+    source = path.read_text()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            found += [f"line {node.lineno}: sets {ast.unparse(target)}" for target in _status_targets(node)]
+        elif isinstance(node, ast.Call):
+            named, keywords = ast.unparse(node.func), {keyword.arg for keyword in node.keywords}
+            if named == "Run" and keywords & {"status", "status_reason"}:
+                found.append(f"line {node.lineno}: makes a Run with a status")
+            elif named == "RunEvent":
+                found.append(f"line {node.lineno}: writes a run's event")
+            elif named.endswith(".values") and "status" in keywords and "update(Run)" in source:
+                found.append(f"line {node.lineno}: updates runs' status")
+    return found
+
+
+def _status_targets(node: ast.Assign | ast.AugAssign | ast.AnnAssign) -> list[ast.Attribute]:
+    """The `x.status` and `x.status_reason` an assignment sets (in a tuple too), but for OTHER_STATUSES."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    flat = [element for target in targets for element in (target.elts if isinstance(target, ast.Tuple) else [target])]
+    return [
+        target
+        for target in flat
+        if isinstance(target, ast.Attribute)
+        and target.attr in ("status", "status_reason")
+        and not (isinstance(target.value, ast.Name) and target.value.id in OTHER_STATUSES)
+    ]
+
+
+def test_only_the_lifecycle_writes_a_runs_status() -> None:
+    """One function moves a run between statuses, against the table of allowed moves (app.services.lifecycle)."""
+    writers = {str(path.relative_to(REPO)): status_writes(path) for path in (REPO / "app").rglob("*.py")}
+    assert {name: where for name, where in writers.items() if where and name != TRANSITIONS} == {}
+    assert status_writes(REPO / TRANSITIONS), "the writer itself is found: the check sees a write"

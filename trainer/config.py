@@ -1,4 +1,8 @@
-"""The trainer's settings: one frozen dataclass, checked when built, whose fields also make the command line."""
+"""The trainer's settings: one frozen dataclass, checked when built, whose fields also make the command line.
+
+Each field's bounds and choices are data (`option`), read by its check, by its help on the command line, and by a
+test that holds the server's twin of these options (app.core.trainer_options.TrainerOptions) equal to them.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,20 @@ from rankboard import wire
 
 from trainer.workloads import WORKLOADS
 
+# A count of steps (warm-up, validation and fingerprint intervals): a billion is longer than any run trains, and it
+# stays a 32-bit integer wherever a value is stored or indexed.
+MAX_STEP_COUNT = 1_000_000_000
+# Seeds as every random generator a script may add takes them (numpy's need < 2**32), and as the server always took.
+MAX_SEED = 2**31 - 1
+
+
+def option(default: Any, help: str, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+           choices: Sequence[str] = ()) -> Any:  # fmt: skip
+    """A field: its default, its help for the person launching a run, and its bounds (`ge`, `gt`, `le`) or
+    `choices`, which its check and its help both read."""
+    bounds = {name: value for name, value in (("ge", ge), ("gt", gt), ("le", le)) if value is not None}
+    return field(default=default, metadata={"help": help, **bounds, **({"choices": tuple(choices)} if choices else {})})
+
 
 def _checkpoint_dir_from_env() -> str:
     return os.environ.get(wire.ENV_CHECKPOINT_DIR) or "checkpoints"
@@ -24,128 +42,67 @@ def _checkpoint_dir_from_env() -> str:
 class TrainConfig:
     """Train a workload with PyTorch DDP; run it under torchrun, one process per GPU (or per CPU slot)."""
 
-    # Each field's "help" is its documentation; the CLI shows it, so it is written for the person launching a run.
-    workload: str = field(default="mlp", metadata={"help": f"what to train, one of {sorted(WORKLOADS)}"})
-    epochs: int = field(default=10, metadata={"help": "passes over the training set, 1..100000"})
-    batch_size: int = field(default=64, metadata={"help": "samples per step on each rank, 1..65536"})
-    lr: float = field(default=1e-3, metadata={"help": "peak learning rate (after warm-up), > 0 and <= 10"})
-    optimizer: str = field(default="adamw", metadata={"help": f"one of {list(wire.OPTIMIZERS)}; sgd uses momentum 0.9"})
-    lr_schedule: str = field(
-        default="constant", metadata={"help": f"after warm-up, one of {list(wire.LR_SCHEDULES)} (cosine decays to 0)"}
+    workload: str = option("mlp", "what to train", choices=sorted(WORKLOADS))
+    epochs: int = option(10, "passes over the training set", ge=1, le=100_000)
+    batch_size: int = option(64, "samples per step on each rank", ge=1, le=65_536)
+    lr: float = option(1e-3, "peak learning rate (after warm-up)", gt=0, le=10)
+    optimizer: str = option("adamw", "sgd uses momentum 0.9", choices=wire.OPTIMIZERS)
+    lr_schedule: str = option("constant", "after warm-up (cosine decays to 0)", choices=wire.LR_SCHEDULES)
+    warmup_steps: int = option(0, "steps of linear warm-up from 0 to lr", ge=0, le=MAX_STEP_COUNT)
+    weight_decay: float = option(0.0, "the optimizer's weight decay", ge=0, le=1)
+    # Any norm above a million is no clip at all, which 0 already says: the bound refuses a typo such as 1e9.
+    grad_clip: float = option(0.0, "clip the gradient norm to this (0: no clipping)", ge=0, le=1e6)
+    grad_accum: int = option(1, "micro-batches per optimizer step; only the last one all-reduces", ge=1, le=1024)
+    precision: str = option("off", "mixed precision; fp16 needs CUDA", choices=wire.PRECISIONS)
+    sync_batchnorm: bool = option(False, "BatchNorm statistics over all ranks (SyncBatchNorm); needs CUDA")
+    find_unused_parameters: bool = option(
+        False, "DDP: allow parameters the forward pass skips (costs time on every step)"
     )
-    warmup_steps: int = field(default=0, metadata={"help": "steps of linear warm-up from 0 to lr, >= 0"})
-    weight_decay: float = field(default=0.0, metadata={"help": "the optimizer's weight decay, 0..1"})
-    grad_clip: float = field(default=0.0, metadata={"help": "clip the gradient norm to this, >= 0 (0: no clipping)"})
-    grad_accum: int = field(
-        default=1, metadata={"help": "micro-batches per optimizer step, 1..1024; only the last one all-reduces"}
-    )
-    precision: str = field(
-        default="off", metadata={"help": f"mixed precision, one of {list(wire.PRECISIONS)}; fp16 needs CUDA"}
-    )
-    sync_batchnorm: bool = field(
-        default=False, metadata={"help": "BatchNorm statistics over all ranks (SyncBatchNorm); needs CUDA"}
-    )
-    find_unused_parameters: bool = field(
-        default=False, metadata={"help": "DDP: allow parameters the forward pass skips (costs time on every step)"}
-    )
-    bucket_cap_mb: int = field(default=25, metadata={"help": "DDP: gradient bucket size in MiB, 1..1024"})
-    gradient_as_bucket_view: bool = field(
-        default=False, metadata={"help": "DDP: gradients are views into the buckets, saving a copy's memory"}
-    )
-    val_every: int = field(default=0, metadata={"help": "validate every this many steps, >= 0 (0: never)"})
-    checkpoint_every: int = field(default=1, metadata={"help": "write a checkpoint every this many units, 1..100000"})
-    checkpoint_unit: str = field(
-        default="epoch", metadata={"help": f"what checkpoint-every counts, one of {list(wire.CHECKPOINT_UNITS)}"}
-    )
-    seed: int = field(default=0, metadata={"help": "seeds the initial weights and the sample order, >= 0"})
-    pg_timeout_s: int = field(
-        default=60, metadata={"help": "seconds a collective may wait for a dead or hung rank, 5..86400"}
-    )
+    bucket_cap_mb: int = option(25, "DDP: gradient bucket size in MiB", ge=1, le=1024)
+    gradient_as_bucket_view: bool = option(False, "DDP: gradients are views into the buckets, saving a copy's memory")
+    val_every: int = option(0, "validate every this many steps (0: never)", ge=0, le=MAX_STEP_COUNT)
+    checkpoint_every: int = option(1, "write a checkpoint every this many units", ge=1, le=100_000)
+    checkpoint_unit: str = option("epoch", "what checkpoint-every counts", choices=wire.CHECKPOINT_UNITS)
+    seed: int = option(0, "seeds the initial weights and the sample order", ge=0, le=MAX_SEED)
+    pg_timeout_s: int = option(60, "seconds a collective may wait for a dead or hung rank", ge=5, le=86_400)
     checkpoint_dir: str = field(
         default_factory=_checkpoint_dir_from_env,
         metadata={"help": f"folder for step-*.pt files; default ${wire.ENV_CHECKPOINT_DIR}, else ./checkpoints"},
     )
-    keep_last: int = field(
-        default=0,
-        metadata={"help": "after each save, keep the newest this many checkpoints, >= 0 (0 with keep-best 0: all)"},
+    keep_last: int = option(
+        0, "after each save, keep the newest this many checkpoints (0 with keep-best 0: all)", ge=0, le=10_000
     )
-    keep_best: int = field(
-        default=0,
-        metadata={"help": "after each save, also keep this many with the lowest best-metric, >= 0; the newest stays"},
+    keep_best: int = option(
+        0, "after each save, also keep this many with the lowest best-metric; the newest stays", ge=0, le=10_000
     )
-    best_metric: str = field(
-        default="loss",
-        metadata={"help": f"what keep-best ranks by, lower is better: one of {list(wire.CHECKPOINT_METRICS)}"},
+    best_metric: str = option("loss", "what keep-best ranks by, lower is better", choices=wire.CHECKPOINT_METRICS)
+    init_from: str = option("", "a step-*.pt of an earlier run to start from (its weights); step and epoch start at 0")
+    init_optimizer: bool = option(
+        False, "with init-from, also take its optimizer state (AdamW moments), not only its weights"
     )
-    init_from: str = field(
-        default="",
-        metadata={"help": "a step-*.pt of an earlier run to start from (its weights); step and epoch start at 0"},
-    )
-    init_optimizer: bool = field(
-        default=False,
-        metadata={"help": "with init-from, also take its optimizer state (AdamW moments), not only its weights"},
-    )
-    preflight: str = field(
-        default="warn",
-        metadata={
-            "help": f"before the first step, compare the ranks' software and all-reduce speed: one of "
-            f"{list(wire.PREFLIGHT_MODES)} (refuse: stop the run on a mismatch or a slow rank)"
-        },
-    )
-    resume: bool = field(
-        default=True,
-        metadata={"help": "continue exactly from the newest step-*.pt in checkpoint-dir, if there is one"},
-    )
-    fingerprint_every: int = field(
-        default=100,
-        metadata={"help": "compare a fingerprint of every rank's parameters every this many steps, >= 0 (0: never)"},
-    )
-    desync_checks: bool = field(
-        default=False,
-        metadata={"help": "a monitored barrier before each step's all-reduce, whose timeout error names the rank that "
-                  "did not reach it; costs a barrier a step"},
+    preflight: str = option(
+        "warn", "before the first step, compare the ranks' software and all-reduce speed (refuse: stop the run on a "
+        "mismatch or a slow rank)", choices=wire.PREFLIGHT_MODES,
     )  # fmt: skip
-    stop_on_nonfinite: bool = field(
-        default=False,
-        metadata={"help": "stop at the first NaN or infinite loss or gradient norm; checkpoints the last finite step"},
+    resume: bool = option(True, "continue exactly from the newest step-*.pt in checkpoint-dir, if there is one")
+    fingerprint_every: int = option(
+        100, "compare a fingerprint of every rank's parameters every this many steps (0: never)", ge=0,
+        le=MAX_STEP_COUNT,
+    )  # fmt: skip
+    desync_checks: bool = option(
+        False, "a monitored barrier before each step's all-reduce, whose timeout error names the rank that did not "
+        "reach it; costs a barrier a step",
+    )  # fmt: skip
+    stop_on_nonfinite: bool = option(
+        False, "stop at the first NaN or infinite loss or gradient norm; checkpoints the last finite step"
     )
 
     def __post_init__(self) -> None:
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"workload must be one of {sorted(WORKLOADS)}, got {self.workload!r}")
-        _check_int("epochs", self.epochs, 1, 100_000)
-        _check_int("batch_size", self.batch_size, 1, 65_536)
-        if isinstance(self.lr, bool) or not isinstance(self.lr, int | float) or not 0 < self.lr <= 10:
-            raise ValueError(f"lr must be > 0 and <= 10, got {self.lr!r}")
-        _check_choice("optimizer", self.optimizer, wire.OPTIMIZERS)
-        _check_choice("lr_schedule", self.lr_schedule, wire.LR_SCHEDULES)
-        _check_int("warmup_steps", self.warmup_steps, 0, math.inf)
-        _check_float("weight_decay", self.weight_decay, 0, 1)
-        _check_float("grad_clip", self.grad_clip, 0, math.inf)
-        _check_int("grad_accum", self.grad_accum, 1, 1024)
-        _check_choice("precision", self.precision, wire.PRECISIONS)
-        _check_int("bucket_cap_mb", self.bucket_cap_mb, 1, 1024)
-        _check_int("val_every", self.val_every, 0, math.inf)
-        _check_int("checkpoint_every", self.checkpoint_every, 1, 100_000)
-        _check_choice("checkpoint_unit", self.checkpoint_unit, wire.CHECKPOINT_UNITS)
-        _check_choice("preflight", self.preflight, wire.PREFLIGHT_MODES)
-        _check_int("seed", self.seed, 0, math.inf)
-        _check_int("pg_timeout_s", self.pg_timeout_s, 5, 86_400)
-        _check_int("fingerprint_every", self.fingerprint_every, 0, math.inf)
-        for flag in ("sync_batchnorm", "find_unused_parameters", "gradient_as_bucket_view", "resume",
-                     "stop_on_nonfinite", "desync_checks"):  # fmt: skip
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"{flag} must be true or false, got {getattr(self, flag)!r}")
-        if not isinstance(self.checkpoint_dir, str) or not self.checkpoint_dir:
+        types = typing.get_type_hints(type(self))  # the annotations are strings under `from __future__ import ...`
+        for f in dataclasses.fields(self):
+            _check(f.name, getattr(self, f.name), types[f.name], f.metadata)
+        if not self.checkpoint_dir:
             raise ValueError(f"checkpoint_dir must be a non-empty path, got {self.checkpoint_dir!r}")
-        _check_int("keep_last", self.keep_last, 0, math.inf)
-        _check_int("keep_best", self.keep_best, 0, math.inf)
-        if self.best_metric not in wire.CHECKPOINT_METRICS:
-            raise ValueError(f"best_metric must be one of {list(wire.CHECKPOINT_METRICS)}, got {self.best_metric!r}")
-        if not isinstance(self.init_from, str):
-            raise ValueError(f"init_from must be a path, or empty for none, got {self.init_from!r}")
-        if not isinstance(self.init_optimizer, bool):
-            raise ValueError(f"init_optimizer must be true or false, got {self.init_optimizer!r}")
         if self.init_optimizer and not self.init_from:
             raise ValueError("init_optimizer needs init_from: the optimizer state comes from that checkpoint")
 
@@ -161,11 +118,11 @@ class TrainConfig:
 
     @classmethod
     def argument_parser(cls) -> argparse.ArgumentParser:
-        """The parser `from_argv` uses: one flag per field, with the field's type, default and help."""
+        """The parser `from_argv` uses: one flag per field, with the field's type, default, help and bounds."""
         parser = argparse.ArgumentParser(
             prog="python -m trainer", description=cls.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
         )
-        types = typing.get_type_hints(cls)  # the annotations are strings under `from __future__ import annotations`
+        types = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             default = f.default_factory() if callable(f.default_factory) else f.default
             # A bool flag alone means true, and also takes a value, so that `to_argv` can spell out a false.
@@ -175,7 +132,7 @@ class TrainConfig:
                 else {"type": types[f.name]}
             )
             parser.add_argument(
-                f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=f.metadata["help"], **kind
+                f"--{f.name.replace('_', '-')}", dest=f.name, default=default, help=_help(f.metadata), **kind
             )
         return parser
 
@@ -197,6 +154,15 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def _help(metadata: typing.Mapping[str, Any]) -> str:
+    """A field's help with its bounds or choices, as its check reads them."""
+    if "choices" in metadata:
+        return f"{metadata['help']}; one of {list(metadata['choices'])}"
+    low = f">= {metadata['ge']}" if "ge" in metadata else f"> {metadata['gt']}" if "gt" in metadata else ""
+    bounds = " and ".join(part for part in (low, f"<= {metadata['le']}" if "le" in metadata else "") if part)
+    return f"{metadata['help']}; {bounds}" if bounds else metadata["help"]
+
+
 def _parse_bool(text: str) -> bool:
     words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
     if text.lower() not in words:
@@ -204,19 +170,22 @@ def _parse_bool(text: str) -> bool:
     return words[text.lower()]
 
 
-def _check_choice(name: str, value: object, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-
-
-def _check_float(name: str, value: object, low: float, high: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        upper = "" if high == math.inf else f" and <= {high}"
-        raise ValueError(f"{name} must be a number >= {low}{upper}, got {value!r}")
-
-
-def _check_int(name: str, value: object, low: float, high: float) -> None:
-    # bool is an int subclass, and `epochs=True` is always a mistake.
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        upper = "" if high == math.inf else f" and <= {high}"
-        raise ValueError(f"{name} must be an integer >= {low}{upper}, got {value!r}")
+def _check(name: str, value: object, kind: type, metadata: typing.Mapping[str, Any]) -> None:
+    """Refuses a value of the wrong type (bool is an int subclass, and `epochs=True` is always a mistake), out of its
+    bounds (NaN is in none), or not among its choices, naming the field."""
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
+    elif kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}")
+        if "choices" in metadata and value not in metadata["choices"]:
+            raise ValueError(f"{name} must be one of {list(metadata['choices'])}, got {value!r}")
+    else:
+        allowed: tuple[type, ...] = (int,) if kind is int else (int, float)
+        low, high = metadata.get("ge", metadata.get("gt", -math.inf)), metadata.get("le", math.inf)
+        low_ok = isinstance(value, int | float) and (value > low if "gt" in metadata else value >= low)
+        if isinstance(value, bool) or not isinstance(value, allowed) or not (low_ok and value <= high):
+            what = "an integer" if kind is int else "a number"
+            bounds = f"{'>' if 'gt' in metadata else '>='} {low}" + ("" if high == math.inf else f" and <= {high}")
+            raise ValueError(f"{name} must be {what} {bounds}, got {value!r}")

@@ -314,7 +314,7 @@ class Trainer:
             f"{config.batch_size} x {config.grad_accum} per rank, {config.optimizer}, precision {config.precision}, "
             f"on {self.device}"
         )
-        sampler = gpu.start_sampling()  # this node's GPUs, from its local rank 0 only
+        sampler = gpu.start_sampling(report.default_reporter())  # this node's GPUs, from its local rank 0 only
         self.started, self.first_step = time.perf_counter(), self.step  # for the rate the last line reports
         LEDGER.first_step = LEDGER.step = self.step
         while self.epoch <= config.epochs:

@@ -7,7 +7,9 @@ The schema itself comes only from Alembic migrations (`migrations/`); these clas
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     JSON,
@@ -24,8 +26,11 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from app.core.trainer_options import OPTION_NAMES, options_of
 
 
 class RunStatus(str, enum.Enum):
@@ -60,6 +65,11 @@ POINT_ID_TYPE = BigInteger().with_variant(Integer, "sqlite")
 STEP_TYPE = BigInteger().with_variant(Integer, "sqlite")
 
 
+# A run's config document: binary JSON on PostgreSQL, which the runs table reads a key of without parsing the text of
+# every run again for every operator (8 times faster there at 10,000 runs; bench/runs_table.py).
+CONFIG_TYPE = JSON().with_variant(JSONB(), "postgresql")
+
+
 class UtcDateTime(TypeDecorator[datetime]):
     """Aware UTC datetimes on every database (SQLite keeps no time zone of its own)."""
 
@@ -92,40 +102,19 @@ class Run(Base):
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
-    # What to run: the trainer's options, as the user gave them.
+    # What to run: a built-in workload, "script" (the user's own) or "external" (launched elsewhere), on how many
+    # processes per node, restarted how often; the rest of what it runs with is its config document.
     workload: Mapped[str] = mapped_column(String(50))
     nproc_per_node: Mapped[int] = mapped_column(Integer)
-    epochs: Mapped[int] = mapped_column(Integer)
-    batch_size: Mapped[int] = mapped_column(Integer)
-    lr: Mapped[float] = mapped_column(Float)
-    checkpoint_every: Mapped[int] = mapped_column(Integer)
-    seed: Mapped[int] = mapped_column(Integer)
-    keep_last: Mapped[int] = mapped_column(Integer, default=0)
-    keep_best: Mapped[int] = mapped_column(Integer, default=0)
-    best_metric: Mapped[str] = mapped_column(String(50), default="loss")
-    init_from: Mapped[str | None] = mapped_column(String(1000))  # a checkpoint, relative to the shared folder
-    init_optimizer: Mapped[bool] = mapped_column(default=False)
-    optimizer: Mapped[str] = mapped_column(String(16), default="adamw")
-    lr_schedule: Mapped[str] = mapped_column(String(16), default="constant")
-    warmup_steps: Mapped[int] = mapped_column(Integer, default=0)
-    weight_decay: Mapped[float] = mapped_column(Float, default=0.0)
-    grad_clip: Mapped[float] = mapped_column(Float, default=0.0)
-    grad_accum: Mapped[int] = mapped_column(Integer, default=1)
-    precision: Mapped[str] = mapped_column(String(8), default="off")
-    sync_batchnorm: Mapped[bool] = mapped_column(default=False)
-    find_unused_parameters: Mapped[bool] = mapped_column(default=False)
-    bucket_cap_mb: Mapped[int] = mapped_column(Integer, default=25)
-    gradient_as_bucket_view: Mapped[bool] = mapped_column(default=False)
-    val_every: Mapped[int] = mapped_column(Integer, default=0)
-    checkpoint_unit: Mapped[str] = mapped_column(String(8), default="epoch")
     max_restarts: Mapped[int] = mapped_column(Integer, default=0)
-    pg_timeout_s: Mapped[int] = mapped_column(Integer, default=60)
-    preflight: Mapped[str] = mapped_column(String(8), default="warn")  # one of wire.PREFLIGHT_MODES
     sweep_of: Mapped[int | None] = mapped_column(Integer, index=True)  # the run whose scaling sweep this run is part of
     nccl_env: Mapped[dict[str, str] | None] = mapped_column(JSON)
-    # A run of the user's own script: a path relative to an allowed root, and its arguments; workload is "script".
+    # A run of the user's own script: a path relative to an allowed root; workload is "script".
     script: Mapped[str | None] = mapped_column(String(1000))
-    script_args: Mapped[list[str] | None] = mapped_column(JSON)
+    # The run's configuration, one JSON document: a built-in run's trainer options, every one of them, as
+    # app.core.trainer_options.TrainerOptions checked them; a script's arguments ({"script_args": [...]}); or, for a run
+    # launched elsewhere, what its script reported (report.init(config=...)). A new option needs no column.
+    config: Mapped[dict[str, Any] | None] = mapped_column(CONFIG_TYPE)
     # Where it runs: "local" (this host) or "slurm" (a batch job, with these options; None: the server's default).
     launcher: Mapped[str] = mapped_column(String(16), default="local")
     slurm_nodes: Mapped[int] = mapped_column(Integer, default=1)
@@ -139,10 +128,9 @@ class Run(Base):
     slurm_requeue: Mapped[bool] = mapped_column(default=False)
     slurm_max_requeues: Mapped[int] = mapped_column(Integer, default=1)
 
-    # A run launched elsewhere (launcher "external"): the job's key that every rank joins by, what the script said
-    # of itself, how many ranks its job has, when any of them last posted, and whether its script takes a stop.
+    # A run launched elsewhere (launcher "external"): the job's key that every rank joins by, how many ranks its job
+    # has, when any of them last posted, and whether its script takes a stop.
     external_key: Mapped[str | None] = mapped_column(String(200), unique=True, index=True)
-    config: Mapped[dict[str, object] | None] = mapped_column(JSON)
     world_size: Mapped[int | None] = mapped_column(Integer)
     contact_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     takes_stop: Mapped[bool] = mapped_column(default=False)
@@ -179,9 +167,6 @@ class Run(Base):
     # The newest "dump every rank" request (app/services/forensics.py): its number, counted per run, and when; the
     # ingest reply names it to the ranks while it is fresh.
     dump_request: Mapped[int | None] = mapped_column(Integer)
-    stop_on_nonfinite: Mapped[bool] = mapped_column(default=False)
-    fingerprint_every: Mapped[int] = mapped_column(Integer, default=100)
-    desync_checks: Mapped[bool] = mapped_column(default=False)  # TORCH_DISTRIBUTED_DEBUG=DETAIL in the ranks' env
     dump_requested_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # Each node's inventory as its GPU sampler reported it (wire.Node), one per host, replaced when it reports again:
     # [{"host": "node-1", "gpus": [{"index": 0, "uuid": "GPU-...", "name": "..."}], "nvml_error": None}, ...].
@@ -199,14 +184,46 @@ class Run(Base):
     )
     audit: Mapped[list[AuditEntry]] = relationship(order_by="AuditEntry.id", viewonly=True)
 
+    if TYPE_CHECKING:
+        # A key of the config document read as an attribute (`run.lr`, `run.script_args`): see ConfigKey.
+        def __getattr__(self, name: str) -> Any: ...
+
     @property
     def tags(self) -> list[str]:
         return [row.tag for row in self.tag_rows]
+
+    def trainer_options(self) -> dict[str, Any]:
+        """The built-in trainer's options in the config document, as stored; none for a run launched elsewhere, whose
+        document is its script's own (a key that shares an option's name is not the trainer's option)."""
+        return {} if self.external_key is not None else options_of(self.config)
 
     @property
     def folder(self) -> str:
         """The run's folder name under `<shared>/checkpoints/` and `<shared>/logs/`."""
         return f"run-{self.id}"
+
+
+class ConfigKey:
+    """One key of a run's config document as an attribute of the run, read and written: `run.lr`, and `Run(lr=...)`
+    where a run is made by hand. Reading gives None (or `missing`) where the document lacks it, and for a run launched
+    elsewhere, whose document is what its script reported rather than the trainer's options."""
+
+    def __init__(self, name: str, missing: Callable[[], Any] = lambda: None) -> None:
+        self.name, self.missing = name, missing
+
+    def __get__(self, run: Run | None, owner: type[Run]) -> Any:
+        if run is None:
+            return self
+        if run.external_key is not None:
+            return None
+        return (run.config or {}).get(self.name, self.missing())
+
+    def __set__(self, run: Run, value: Any) -> None:
+        run.config = {**(run.config or {}), self.name: value}  # a new dict: the ORM sees the change
+
+
+for _key in (*(ConfigKey(name) for name in OPTION_NAMES), ConfigKey("script_args", missing=list)):
+    setattr(Run, _key.name, _key)
 
 
 class RunEvent(Base):

@@ -11,16 +11,19 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 
 from rankboard import gpu, wire
 
 from app.core import cpus
+from app.core.errors import FieldInvalid
 from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.launcher import processes, program
 from app.launcher.interface import JobView, Launch, Requeue
+from app.schemas.runs import RunCreate
 
 EXIT_FILE = "exit.json"
 LAUNCHER_LOG = "launcher.log"  # torchrun's own output; the ranks' goes to ranks/
@@ -28,6 +31,8 @@ LAUNCHER_LOG_READ = 4 * 1024 * 1024  # torchrun's agent says little: its failure
 # What torchrun's agent logs when a worker dies: "failed (exitcode: -9) local_rank: 1 (pid: 15366) of binary: ..."
 WORKER_FAILURE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 LAUNCH_MARKER = "--- rankboard launch "  # begins the line written to launcher.log before each launch of a run
+# Queued too: a Slurm job may start, and its trainer post, before the server sees it leave Slurm's queue.
+TAKES_BATCHES = (RunStatus.queued, RunStatus.starting, RunStatus.running, RunStatus.stopping)
 
 
 def visible_gpus(environ: Mapping[str, str] = os.environ) -> list[int]:
@@ -49,6 +54,47 @@ class LocalLauncher:
     """Starts, signals and inspects the runs of this host."""
 
     name = "local"
+    joins = False
+    kills = True
+    scheduler = ""
+    waits_for = "free process slots"
+    stop_words = "finishing the step, saving"
+
+    @staticmethod
+    def ranks(run: Run) -> int:
+        return run.world_size or run.nproc_per_node
+
+    @staticmethod
+    def output_file(run: Run, folders: RunFolders) -> Path | None:
+        return folders.run_dir(run) / LAUNCHER_LOG
+
+    @staticmethod
+    def output_label(run: Run) -> str:
+        return "launcher (torchrun)"
+
+    @staticmethod
+    def job_script(run: Run, folders: RunFolders) -> Path | None:
+        return None  # torchrun's command line says it all (Run.command)
+
+    @staticmethod
+    def takes_batch(run: Run, *, now: datetime) -> bool:
+        return run.status in TAKES_BATCHES
+
+    @staticmethod
+    def stop_refusal(run: Run) -> str | None:
+        return None
+
+    @staticmethod
+    def resume_refusal(run: Run) -> str | None:
+        return None
+
+    @staticmethod
+    def rerun_refusal(run: Run) -> str | None:
+        return None
+
+    @staticmethod
+    def sweep_refusal(run: Run) -> str | None:
+        return None
 
     def __init__(self, settings: Settings, folders: RunFolders) -> None:
         self.settings = settings
@@ -84,6 +130,24 @@ class LocalLauncher:
     def world_size(self, run: Run) -> int:
         """One torchrun on this host: its processes."""
         return run.nproc_per_node
+
+    def check_fits(self, spec: RunCreate) -> None:
+        """This host's process slots, and whether it has the GPUs an option needs."""
+        if spec.nproc_per_node > self.capacity:
+            what = f"{self.gpu_count} GPUs" if self.gpu_count else f"{self.capacity} process slots"
+            raise FieldInvalid("nproc_per_node", f"this host has {what}; ask for at most {self.capacity}")
+        if self.gpu_count:
+            return
+        for option, reason in wire.cuda_only(precision=spec.precision, sync_batchnorm=spec.sync_batchnorm).items():
+            raise FieldInvalid(option, f"this host has no GPU: {reason}")
+        if spec.nccl_env:
+            raise FieldInvalid(
+                "nccl_env", "this host has no GPU, so runs use gloo and NCCL never reads these variables"
+            )
+
+    def places(self, run: Run, free: Sequence[int]) -> list[int] | None:
+        """The first free slots, one a process, once there are enough of them."""
+        return list(free[: run.nproc_per_node]) if run.nproc_per_node <= len(free) else None
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Starts the run's torchrun under the exit-recording waiter, in a process session of its own."""

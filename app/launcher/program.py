@@ -9,22 +9,15 @@ from rankboard import wire
 from app.core.folders import RunFolders
 from app.core.models import Run
 
-# The run's columns that `python -m trainer` takes as flags of the same names.
-TRAINER_OPTIONS = (
-    "workload", "epochs", "batch_size", "lr", "optimizer", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip",
-    "grad_accum", "precision", "sync_batchnorm", "find_unused_parameters", "bucket_cap_mb", "gradient_as_bucket_view",
-    "val_every", "checkpoint_every", "checkpoint_unit", "seed", "pg_timeout_s", "keep_last", "keep_best",
-    "best_metric", "stop_on_nonfinite", "fingerprint_every", "desync_checks", "preflight",
-)  # fmt: skip
-
 
 def trainer_program(run: Run, folders: RunFolders) -> list[str]:
-    """What follows torchrun's own options: the user's script and its arguments, or `-m trainer` and its flags."""
+    """What follows torchrun's own options: the user's script and its arguments, or `-m trainer` with the run's
+    workload and its config document as flags of the same names (`batch_size` -> `--batch-size`)."""
     if run.script:
-        return [run.script, *(run.script_args or [])]
-    options = {name: getattr(run, name) for name in TRAINER_OPTIONS}
-    if run.init_from:
-        options.update(init_from=str(folders.shared / run.init_from), init_optimizer=run.init_optimizer)
+        return [run.script, *run.script_args]
+    options = {"workload": run.workload, **run.trainer_options()}
+    if options.get("init_from"):  # stored relative to the shared folder, which the trainer does not know
+        options["init_from"] = str(folders.shared / str(options["init_from"]))
     flags = [(f"--{name.replace('_', '-')}", wire.flag_value(value)) for name, value in options.items()]
     return ["-m", "trainer", *itertools.chain.from_iterable(flags),
             "--checkpoint-dir", str(folders.checkpoint_dir(run))]  # fmt: skip

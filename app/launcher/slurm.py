@@ -7,6 +7,7 @@ each one quoted, and the run's token travels in the job's environment, never in 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -20,16 +21,19 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from rankboard import wire
 
+from app.core.errors import FieldInvalid
 from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.launcher import program
 from app.launcher.interface import JobView, Launch, LaunchRefused, Requeue
-from app.launcher.local import EXIT_FILE, LAUNCH_MARKER, WORKER_FAILURE, describe_failure, read_exit_code
+from app.launcher.local import EXIT_FILE, LAUNCH_MARKER, TAKES_BATCHES, WORKER_FAILURE, describe_failure, read_exit_code
+from app.schemas.runs import RunCreate
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +116,8 @@ def parse_squeue(text: str) -> dict[str, JobView]:
     for line in text.splitlines():
         fields = line.strip().split("|")
         if len(fields) == 4 and JOB_ID.match(fields[0]):
-            jobs[fields[0]] = JobView(state=fields[1], reason=fields[2], nodes=fields[3])
+            job = JobView(fields[1], fields[2], fields[3], waiting=fields[1] in WAITING, running=fields[1] in RUNNING)
+            jobs[fields[0]] = dataclasses.replace(job, words=f"Slurm job {fields[0]}: {describe(job)}")
     return jobs
 
 
@@ -207,6 +212,49 @@ class SlurmLauncher:
     """Submits, watches and cancels the runs that go through Slurm."""
 
     name = "slurm"
+    joins = False
+    kills = True
+    scheduler = "Slurm"
+    waits_for = "submission to Slurm"
+    stop_words = "finishing the step, saving"
+
+    @staticmethod
+    def ranks(run: Run) -> int:
+        # Stored before runs kept their size: its agents per node were never known, one is the least it had.
+        return run.world_size or run.nproc_per_node * run.slurm_nodes
+
+    @staticmethod
+    def output_file(run: Run, folders: RunFolders) -> Path | None:
+        """Slurm's output file of the run's job, once it was submitted."""
+        return folders.run_dir(run) / OUTPUT_FILE.replace("%j", run.job_id) if run.job_id else None
+
+    @staticmethod
+    def output_label(run: Run) -> str:
+        return f"Slurm output ({OUTPUT_FILE.replace('%j', run.job_id)})" if run.job_id else "Slurm output"
+
+    @staticmethod
+    def job_script(run: Run, folders: RunFolders) -> Path | None:
+        return folders.run_dir(run) / JOB_SCRIPT
+
+    @staticmethod
+    def takes_batch(run: Run, *, now: datetime) -> bool:
+        return run.status in TAKES_BATCHES
+
+    @staticmethod
+    def stop_refusal(run: Run) -> str | None:
+        return None
+
+    @staticmethod
+    def resume_refusal(run: Run) -> str | None:
+        return None
+
+    @staticmethod
+    def rerun_refusal(run: Run) -> str | None:
+        return None
+
+    @staticmethod
+    def sweep_refusal(run: Run) -> str | None:
+        return "a scaling sweep runs on this host only, for now; this run is on Slurm"
 
     def __init__(self, settings: Settings, folders: RunFolders) -> None:
         self.settings = settings
@@ -220,6 +268,30 @@ class SlurmLauncher:
     def world_size(self, run: Run) -> int:
         """Each node runs `slurm_agents_per_node` torchrun agents, each with the run's processes per node."""
         return run.nproc_per_node * run.slurm_nodes * self.settings.slurm_agents_per_node
+
+    def check_fits(self, spec: RunCreate) -> None:
+        """The cluster's partitions and their sizes; GPUs for the options that need them."""
+        partitions = self.partitions()
+        if partitions is None:
+            raise FieldInvalid("launcher", "Slurm does not answer (sinfo failed); try again, or run on this host")
+        partition = spec.slurm_partition or self.settings.slurm_partition
+        if partition is not None and partition not in partitions:
+            known = ", ".join(sorted(partitions)) or "none"
+            raise FieldInvalid("slurm_partition", f"Slurm has no partition {partition!r}; it has: {known}")
+        most = partitions[partition] if partition is not None else max(partitions.values(), default=0)
+        if spec.slurm_nodes > most:
+            where = f"partition {partition!r}" if partition else "the cluster"
+            raise FieldInvalid("slurm_nodes", f"{where} has {most} nodes; ask for at most {most}")
+        if spec.slurm_gpus_per_node and spec.nproc_per_node > spec.slurm_gpus_per_node:
+            raise FieldInvalid("nproc_per_node", f"one process per GPU: at most {spec.slurm_gpus_per_node} per node")
+        if spec.slurm_gpus_per_node:
+            return
+        for option, reason in wire.cuda_only(precision=spec.precision, sync_batchnorm=spec.sync_batchnorm).items():
+            raise FieldInvalid(option, f"the Slurm job asks for no GPU: {reason}")
+
+    def places(self, run: Run, free: Sequence[int]) -> list[int] | None:
+        """No device of this host, and at once: Slurm queues it."""
+        return []
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Writes the job script into the run's folder and submits it with `sbatch --parsable`."""
@@ -392,7 +464,3 @@ class SlurmLauncher:
             if count.isdigit():
                 found[name] = found.get(name, 0) + int(count)
         return found
-
-    def script_of(self, run: Run) -> Path:
-        """Where the run's job script is."""
-        return self.folders.run_dir(run) / JOB_SCRIPT

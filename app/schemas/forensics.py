@@ -11,7 +11,7 @@ from pydantic import (
 )
 from rankboard import wire
 
-from app.schemas.common import Body
+from app.core.request_body import Body
 
 
 class FrameIn(Body):

@@ -13,7 +13,8 @@ from pydantic import (
 )
 from rankboard import wire
 
-from app.schemas.common import Body, HostName, MetricValue, Step, one_of
+from app.core.request_body import Body, one_of
+from app.schemas.common import HostName, MetricValue, Step
 
 
 class PointIn(Body):

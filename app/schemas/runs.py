@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -13,12 +13,18 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    create_model,
     model_validator,
 )
 from rankboard import wire
 
-from app.core.models import RunStatus
-from app.schemas.common import Body, HostName, MetricValue, one_of
+from app.core.models import Run, RunStatus
+from app.core.request_body import Body
+from app.core.trainer_options import OPTION_NAMES, TrainerOptions
+from app.core.trainer_options import (
+    BestMetric as BestMetric,  # where the checkpoints API and a wire test import it from
+)
+from app.schemas.common import HostName, MetricValue
 from app.schemas.metrics import NodeIn
 
 
@@ -29,24 +35,6 @@ def _known_workload(name: str) -> str:
 
 
 WorkloadName = Annotated[str, AfterValidator(_known_workload), Field(json_schema_extra={"enum": list(wire.WORKLOADS)})]
-
-
-# The trainer's choices (from `wire`), each listed as an enum in the schema, so that the form offers them.
-OptimizerName = Annotated[str, one_of(wire.OPTIMIZERS), Field(json_schema_extra={"enum": list(wire.OPTIMIZERS)})]
-
-
-ScheduleName = Annotated[str, one_of(wire.LR_SCHEDULES), Field(json_schema_extra={"enum": list(wire.LR_SCHEDULES)})]
-
-
-PrecisionName = Annotated[str, one_of(wire.PRECISIONS), Field(json_schema_extra={"enum": list(wire.PRECISIONS)})]
-
-
-UnitName = Annotated[str, one_of(wire.CHECKPOINT_UNITS), Field(json_schema_extra={"enum": list(wire.CHECKPOINT_UNITS)})]
-
-
-PreflightMode = Annotated[
-    str, one_of(wire.PREFLIGHT_MODES), Field(json_schema_extra={"enum": list(wire.PREFLIGHT_MODES)})
-]
 
 
 def _nccl_env(env: dict[str, str]) -> dict[str, str]:
@@ -62,10 +50,6 @@ def _script_argument(value: str) -> str:
     if "\0" in value:
         raise ValueError("an argument cannot hold a NUL character")
     return value
-
-
-# What keep-best ranks checkpoints by (wire.CHECKPOINT_METRICS; a test keeps the two the same).
-BestMetric = Literal["loss", "epoch_loss"]
 
 
 LauncherName = Literal["local", "slurm"]
@@ -96,8 +80,9 @@ SlurmConstraint = Annotated[
 ]
 
 
-class RunCreate(Body):
-    """A new run of a built-in workload, or of your own script; the form shows these limits next to each field."""
+class RunCreate(TrainerOptions):
+    """A new run of a built-in workload, or of your own script; the form shows these limits next to each field. The
+    trainer's options (TrainerOptions) become the run's config document; a script's run keeps only its arguments."""
 
     name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100)] = Field(
         default="demo", description="What you will recognise the run by."
@@ -112,68 +97,9 @@ class RunCreate(Body):
         default_factory=list, max_length=256, description="The script's arguments, one per line."
     )
     nproc_per_node: int = Field(default=2, ge=1, le=1024, description="Processes (one per GPU) on this node.")
-    epochs: int = Field(default=10, ge=1, le=100_000, description="Passes over the data set.")
-    batch_size: int = Field(default=64, ge=1, le=65_536, description="Samples per step on each process.")
-    grad_accum: int = Field(
-        default=1, ge=1, le=1024, description="Micro-batches per optimizer step; only the last one all-reduces."
-    )
-    lr: float = Field(default=0.001, gt=0, le=10, description="The peak learning rate, after warm-up.")
-    optimizer: OptimizerName = Field(default="adamw", description="SGD uses momentum 0.9.")
-    lr_schedule: ScheduleName = Field(
-        default="constant", description="After the warm-up: constant, or a cosine decay to 0 at the last step."
-    )
-    warmup_steps: int = Field(default=0, ge=0, le=10_000_000, description="Steps of linear warm-up from 0 to lr.")
-    weight_decay: float = Field(default=0.0, ge=0, le=1, description="The optimizer's decay.")
-    grad_clip: float = Field(default=0.0, ge=0, le=1e6, description="Clip the gradient norm to this; 0: no clipping.")
-    precision: PrecisionName = Field(
-        default="off", description="Mixed precision: bf16, or fp16 with a gradient scaler (CUDA only)."
-    )
-    val_every: int = Field(
-        default=0, ge=0, le=10_000_000, description="Validate every N steps (loss and accuracy); 0: never."
-    )
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="The same seed on every rank; same seed, same run.")
-    checkpoint_every: int = Field(
-        default=1, ge=1, le=100_000, description="Write a checkpoint every N epochs or steps (see its unit)."
-    )
-    checkpoint_unit: UnitName = Field(default="epoch", description="What 'checkpoint every' counts.")
-    keep_last: int = Field(default=0, ge=0, le=10_000, description="Keep the newest N checkpoints; 0 keeps all.")
-    keep_best: int = Field(default=0, ge=0, le=10_000, description="Also keep the N best by the best metric.")
-    best_metric: BestMetric = Field(
-        default="loss", description="Lower is better: the last step's loss, or the epoch's mean loss."
-    )
-    init_from: Annotated[str | None, BeforeValidator(lambda v: v or None)] = Field(
-        default=None, max_length=1000, description="Start from this checkpoint's weights (a path in the shared folder)."
-    )
-    init_optimizer: bool = Field(default=False, description="With a checkpoint to start from: take its optimizer too.")
     max_restarts: int = Field(
         default=0, ge=0, le=100, description="Restart the workers this often after a rank dies; they resume exactly."
     )
-    pg_timeout_s: int = Field(
-        default=60, ge=5, le=86_400, description="Seconds a collective waits for a dead or hung rank before failing."
-    )
-    preflight: PreflightMode = Field(
-        default="warn",
-        description="Before the first step, compare the ranks' software versions and GPUs and time an all-reduce; "
-        "refuse: stop the run when a rank differs or is far slower.",
-    )
-    sync_batchnorm: bool = Field(default=False, description="BatchNorm statistics over all ranks (CUDA only).")
-    find_unused_parameters: bool = Field(
-        default=False, description="For models whose forward skips parameters; costs time on every step."
-    )
-    bucket_cap_mb: int = Field(default=25, ge=1, le=1024, description="DDP gradient bucket size, in MiB.")
-    gradient_as_bucket_view: bool = Field(default=False, description="Gradients as views into DDP's buckets.")
-    fingerprint_every: int = Field(
-        default=100, ge=0, le=1_000_000_000, description="Compare a fingerprint of every rank's parameters every this "
-        "many steps (0: never); a rank whose replica diverged is named with the step. Built-in trainer only.",
-    )  # fmt: skip
-    desync_checks: bool = Field(
-        default=False, description="TORCH_DISTRIBUTED_DEBUG=DETAIL: a monitored barrier before every collective names "
-        "the rank that does not reach it. Costs a collective per collective: for a re-run of a hung run.",
-    )  # fmt: skip
-    stop_on_nonfinite: bool = Field(
-        default=False, description="Stop at the first NaN or infinite loss or gradient norm, checkpointing the last "
-        "finite step; the run page names the step and the rank where it began either way.",
-    )  # fmt: skip
     nccl_env: Annotated[dict[str, str], AfterValidator(_nccl_env)] = Field(
         default_factory=dict, max_length=len(wire.NCCL_ENV), description="NCCL variables, e.g. NCCL_DEBUG=INFO."
     )
@@ -198,6 +124,28 @@ class RunCreate(Body):
     slurm_requeue: bool = Field(default=False, description="Slurm: requeue when preempted or out of time.")
     slurm_max_requeues: int = Field(default=1, ge=0, le=100, description="Slurm: requeues allowed at most.")
 
+    def config(self) -> dict[str, Any]:
+        """The run's config document: a script's arguments for a run of the user's script (the trainer's options
+        would only be values it never had), else every trainer option."""
+        if self.script:
+            # Desync checks reach a script too: as torch's own, TORCH_DISTRIBUTED_DEBUG=DETAIL in its ranks' env.
+            return {"script_args": list(self.script_args), "desync_checks": self.desync_checks}
+        return self.model_dump(include=set(OPTION_NAMES))
+
+    @classmethod
+    def values_of(cls, run: Run) -> dict[str, Any]:
+        """What a new run like this one starts from: its own columns, and the options and script arguments of its
+        config document; nothing it never had (those keep their defaults), nor a workload the form does not offer
+        ("script", "external")."""
+        values = {name: getattr(run, name) for name in cls.model_fields if hasattr(run, name)}
+        if values.get("workload") not in wire.WORKLOADS:
+            values.pop("workload", None)
+        return {name: value for name, value in values.items() if value is not None}
+
+    def columns(self) -> dict[str, Any]:
+        """What the run keeps as its own columns: what to run, where, and how; not its config document."""
+        return self.model_dump(exclude={*OPTION_NAMES, "script_args", "allow_low_disk"})
+
 
 class RunEventOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
@@ -218,8 +166,20 @@ class AuditOut(BaseModel):
     detail: str
 
 
-class RunOut(BaseModel):
-    """A run as the API shows it."""
+# A run's trainer options, each as the API showed it before the config document (`RunOut.config`): made from
+# TrainerOptions, so a new option shows here too; null where the run never had it (a script's run, or one launched
+# elsewhere: read its `config`).
+if TYPE_CHECKING:
+    _TrainerOptionsOut = BaseModel
+else:
+    _TrainerOptionsOut = create_model(
+        "TrainerOptionsOut",
+        **{name: (type(field.default) | None, None) for name, field in TrainerOptions.model_fields.items()},
+    )
+
+
+class RunOut(_TrainerOptionsOut):
+    """A run as the API shows it: its own facts, its config document, and its trainer options one by one."""
 
     model_config = ConfigDict(from_attributes=True)
 
@@ -232,36 +192,13 @@ class RunOut(BaseModel):
     finished_at: datetime | None
     workload: str
     nproc_per_node: int
-    epochs: int
-    batch_size: int
-    lr: float
-    checkpoint_every: int
-    seed: int
-    keep_last: int
-    keep_best: int
-    best_metric: str
-    init_from: str | None
-    init_optimizer: bool
-    optimizer: str
-    lr_schedule: str
-    warmup_steps: int
-    weight_decay: float
-    grad_clip: float
-    grad_accum: int
-    precision: str
-    sync_batchnorm: bool
-    find_unused_parameters: bool
-    bucket_cap_mb: int
-    gradient_as_bucket_view: bool
-    stop_on_nonfinite: bool
-    fingerprint_every: int
-    desync_checks: bool
-    val_every: int
-    checkpoint_unit: str
     max_restarts: int
-    pg_timeout_s: int
-    preflight: str
     sweep_of: int | None = Field(description="The run whose scaling sweep this run is part of.")
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description="The run's configuration: a built-in run's trainer options, every one; a script's arguments "
+        "(script_args); or what a script launched elsewhere reported with report.init(config=...).",
+    )
     nccl_env: dict[str, str] | None
     script: str | None
     script_args: list[str] | None
@@ -297,7 +234,6 @@ class RunOut(BaseModel):
     archived_at: datetime | None = Field(default=None, description="When archived: not in the default list.")
     # Of a run launched elsewhere (launcher "external"); None or false for the others.
     external_key: str | None = Field(default=None, description="The key its processes join by.")
-    config: dict[str, Any] | None = Field(default=None, description="What its script said of itself.")
     world_size: int | None = Field(default=None, description="The ranks its job said it has.")
     contact_at: datetime | None = Field(default=None, description="When any of its processes last posted.")
     takes_stop: bool = Field(default=False, description="Its script stops when asked (report.stop_requested).")
@@ -321,9 +257,16 @@ class RunPage(BaseModel):
 
 
 def _small_config(config: dict[str, Any]) -> dict[str, Any]:
-    size = len(json.dumps(config, default=str))
-    if size > wire.MAX_CONFIG_BYTES:
-        raise ValueError(f"{size} bytes as JSON; at most {wire.MAX_CONFIG_BYTES}")
+    """A config document every store keeps as it came: JSON without NaN or infinities (report.init sends them as the
+    strings "NaN" and "Infinity"), and without NUL characters, which PostgreSQL's jsonb refuses."""
+    try:
+        text = json.dumps(config, default=str, allow_nan=False)
+    except ValueError:
+        raise ValueError('a number that is not finite: send it as the string "NaN" or "Infinity"') from None
+    if "\\u0000" in text:
+        raise ValueError("a text holds a NUL character")
+    if len(text) > wire.MAX_CONFIG_BYTES:
+        raise ValueError(f"{len(text)} bytes as JSON; at most {wire.MAX_CONFIG_BYTES}")
     return config
 
 

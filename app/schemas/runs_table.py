@@ -12,7 +12,8 @@ from pydantic import (
 )
 
 from app.core.models import RunStatus
-from app.schemas.common import Body, MetricValue
+from app.core.request_body import Body
+from app.schemas.common import MetricValue
 
 
 class RunLabels(Body):

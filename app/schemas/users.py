@@ -7,7 +7,7 @@ from datetime import datetime
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.models import ApiToken, Role
-from app.schemas.common import Body
+from app.core.request_body import Body
 
 
 class CallerOut(BaseModel):

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import fmean
 
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
-from app.core.models import Run
 from app.store import comm as comm_store
 from app.store import runs as run_store
 
@@ -81,9 +80,3 @@ def comm_share_of(db: Session, *, run_id: int) -> CommShare | None:
     if run_store.get_run(db, run_id) is None:
         raise RunNotFound(run_id)
     return comm_share(db, run_id=run_id)
-
-
-def comm_share_now(run: Run) -> CommShare | None:
-    """`comm_share` for a run still attached to the session that loaded it (the run page's)."""
-    db = object_session(run)
-    return None if db is None else comm_share(db, run_id=run.id)

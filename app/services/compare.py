@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -10,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import FieldInvalid
 from app.core.models import MetricSummary, Run
+from app.core.trainer_options import OPTION_NAMES
 from app.schemas.runs import RunCreate
 from app.schemas.runs_table import ComparedMetricOut, ComparedOptionOut, ComparedRunOut, CompareOut
 from app.services import runs
@@ -54,18 +56,34 @@ def compare(db: Session, *, run_ids: Sequence[int]) -> Comparison:
     if not MIN_RUNS <= len(ids) <= MAX_RUNS:
         raise FieldInvalid("run", f"run: compare {MIN_RUNS} to {MAX_RUNS} different runs, not {len(ids)}")
     found = [runs.get_run(db, run_id=run_id) for run_id in ids]
-    names = ["name", *(name for name in RunCreate.model_fields if name not in NOT_COLUMNS | {"name"})]
-    names += ["nccl_env", "script_args"]
-    options = []
-    for name in names:
-        values = [as_form_text({name: getattr(run, name)}).get(name, "") for run in found]
-        options.append(OptionRow(name, values, len(set(values)) > 1))
+    options = [OptionRow(name, values, len(set(values)) > 1) for name, values in _options(found)]
     keys = set(metric_store.series_keys(db, run_id=ids[0]))
     for run_id in ids[1:]:
         keys &= set(metric_store.series_keys(db, run_id=run_id))
     common = sorted(keys)
     summaries = table_store.summaries(db, run_ids=ids, keys=common)
     return Comparison(found, options, common, summaries, {run.id: runs.elapsed(run) for run in found})
+
+
+def _options(found: list[Run]) -> list[tuple[str, list[str]]]:
+    """Each run's value of its own columns, then of every key in the runs' config documents (the trainer's options in
+    their order, then what scripts reported, as they named it), as the form writes it; "" where a run has none."""
+    columns = ["name", *(name for name in RunCreate.model_fields if name not in {*NOT_COLUMNS, *OPTION_NAMES, "name"})]
+    documents = [run.config or {} for run in found]
+    keys = [name for name in OPTION_NAMES if any(name in document for document in documents)]
+    keys += list(dict.fromkeys(key for document in documents for key in document if key not in OPTION_NAMES))
+    rows = [(name, [getattr(run, name) for run in found]) for name in [*columns, "nccl_env"]]
+    rows += [(key, [document.get(key) for document in documents]) for key in keys]
+    return [(name, [_text(value) for value in values]) for name, values in rows]
+
+
+def _text(value: object) -> str:
+    nested = isinstance(value, dict | list) and any(isinstance(v, dict | list) for v in _items(value))
+    return json.dumps(value) if nested else as_form_text({"value": value})["value"]
+
+
+def _items(value: dict[str, object] | list[object]) -> list[object]:
+    return list(value.values()) if isinstance(value, dict) else list(value)
 
 
 def compare_out(db: Session, *, run_ids: Sequence[int]) -> CompareOut:

@@ -2,35 +2,32 @@
 
 No launcher owns their processes, so what a launcher would see comes from the processes themselves: each joins
 the run of its job's key (`join`), posts batches like any trainer (`took_batch` keeps the time of the last, and
-brings back a run that was declared lost), and says how it ended (`ended`). A run whose processes all fall silent
-is lost (`check_silence`); one that reports again comes back. A stop reaches the script only if it said it reads
+brings back a run that was declared lost), and says how it ended (`ended`). Their launcher
+(app.launcher.external.ExternalLauncher) tells the supervisor's tick that a run whose processes all fell silent is
+lost; one that reports again comes back. A stop reaches the script only if it said it reads
 `report.stop_requested()`.
 """
 
 from __future__ import annotations
 
 import secrets
-from datetime import datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.auth.passwords import sha256
-from app.core.errors import RunNotActive
 from app.core.models import Run, RunStatus, RunToken, utcnow
+from app.launcher.external import ExternalLauncher
 from app.schemas.metrics import EndedIn
 from app.schemas.runs import JoinIn, JoinOut
+from app.services.lifecycle import transitions
 from app.store import audit
 from app.store import metrics as metric_store
 from app.store import ranks as rank_store
 from app.store import runs as run_store
 
-EXTERNAL = "external"  # the launcher, and the workload, of a run launched elsewhere
-DEFAULT_LOST_AFTER = timedelta(minutes=2)  # a client posts every 2 s even when idle: this is minutes of silence
-# A rank may still be sending its last batches when another ends the run (a rank that raised fails it at once); a
-# client retries every 5 s at most, so this is a dozen tries. After it, the tokens are refused like any ended run's.
-LATE_BATCHES = timedelta(seconds=60)
+EXTERNAL = ExternalLauncher.name  # the launcher, and the workload, of a run launched elsewhere
 
 
 def join(db: Session, *, spec: JoinIn, shared: Path, actor: str) -> JoinOut:
@@ -51,7 +48,7 @@ def _join_once(db: Session, *, spec: JoinIn, shared: Path, actor: str, token: st
         if run is None:
             run = _new_run(db, spec=spec, actor=actor, checkpoints=_in_shared(spec.checkpoint_dir, shared))
         elif run.status.is_final:
-            _reopen(db, run, f"rank {spec.rank} on {spec.host} joined again: the job was restarted")
+            _reopen(db, run, f"rank {spec.rank} on {spec.host} joined again")
         run.world_size = spec.world_size  # an elastic job may come back with another size
         db.add(RunToken(token_hash=sha256(token), run_id=run.id))
         db.flush()
@@ -69,45 +66,43 @@ def _in_shared(folder: str | None, shared: Path) -> str | None:
 def _new_run(db: Session, *, spec: JoinIn, actor: str, checkpoints: str | None) -> Run:
     now = utcnow()
     run = Run(
-        name=spec.name, status=RunStatus.starting, status_reason="", launcher=EXTERNAL, workload=EXTERNAL,
+        name=spec.name, launcher=EXTERNAL, workload=EXTERNAL,
         external_key=spec.key, config=spec.config, world_size=spec.world_size, takes_stop=spec.takes_stop,
         nproc_per_node=spec.local_world_size, slurm_nodes=max(1, spec.world_size // spec.local_world_size),
-        epochs=0, batch_size=0, lr=0.0, checkpoint_every=0, seed=0,
         created_by=actor, started_at=now, contact_at=now, attempt=1, checkpoint_folder=checkpoints,
     )  # fmt: skip
-    db.add(run)
-    db.flush()  # a second process's insert of the same key fails here, before anything else is written
-    audit.record(db, actor=actor, action="created", run_id=run.id)
     reason = f"launched elsewhere ({spec.key}); rank {spec.rank} on {spec.host} joined first"
     if spec.checkpoint_dir and checkpoints is None:
         reason += f"; its checkpoint folder {spec.checkpoint_dir} is not in the shared folder, so none are listed"
-    run_store.set_status(db, run, RunStatus.starting, reason)
+    db.add(run)
+    # Its first move flushes it: a second process's insert of the same key fails there, before anything else is written.
+    transitions.move(db, run, RunStatus.starting, reason)
+    audit.record(db, actor=actor, action="created", run_id=run.id)
     return run
 
 
-def _reopen(db: Session, run: Run, reason: str) -> None:
+def _reopen(db: Session, run: Run, joined: str) -> None:
+    """A process joined a run that had ended: its job was restarted where it runs, which is a requeue by its own
+    scheduler (Slurm's, torchrun's), so the run goes through `queued` as the next attempt, and starts."""
     run.finished_at = run.final_loss = run.stop_requested_at = None
     run.trainer_finished = False
     run.attempt += 1
     run.contact_at = run.started_at = utcnow()
     rank_store.clear_endings(db, run_id=run.id)
-    run_store.set_status(db, run, RunStatus.starting, f"attempt {run.attempt}: {reason}")
-
-
-def takes_batch(run: Run, *, now: datetime) -> bool:
-    """Whether the run still takes its processes' batches: while it lives; once lost (its processes were only silent,
-    and one that reports brings it back); for LATE_BATCHES after any other end."""
-    if not run.status.is_final or run.status == RunStatus.lost:
-        return True
-    return run.finished_at is not None and now - run.finished_at <= LATE_BATCHES
+    transitions.move(db, run, RunStatus.queued, f"attempt {run.attempt}: its job was restarted where it runs")
+    transitions.move(db, run, RunStatus.starting, f"attempt {run.attempt}: {joined}")
 
 
 def took_batch(db: Session, run: Run) -> None:
-    """A batch came from one of the run's processes: note the time; a run declared lost is alive after all."""
+    """A batch came from one of the run's processes: note the time; a run declared lost is alive after all.
+
+    `lost` said only that its processes fell silent (the server may have been cut off from them): it comes back as
+    a requeue of the same attempt, through `queued`, which is the one way out of an end."""
     run.contact_at = utcnow()
     if run.status == RunStatus.lost:
         run.finished_at = None
-        run_store.set_status(db, run, RunStatus.running, "reporting again after a silence")
+        transitions.move(db, run, RunStatus.queued, "its processes report again: the silence was not their end")
+        transitions.move(db, run, RunStatus.running, "reporting again after a silence")
 
 
 def ended(db: Session, run: Run, ending: EndedIn) -> None:
@@ -135,31 +130,7 @@ def ended(db: Session, run: Run, ending: EndedIn) -> None:
         _finish(db, run, RunStatus.succeeded, f"all {len(endings)} ranks' processes exited without an error")
 
 
-def check_silence(db: Session, run: Run, *, now: datetime, lost_after: timedelta) -> None:
-    """The supervisor's look at a live external run: silent for `lost_after`, it is lost (stopped, if asked to)."""
-    last = run.contact_at or run.started_at or run.created_at
-    if now - last <= lost_after:
-        return
-    silence = f"no process of the job has reported for {int((now - last).total_seconds())} s"
-    if run.stop_requested_at is not None:
-        _finish(db, run, RunStatus.stopped, f"stopped on request: {silence}")
-    else:
-        _finish(db, run, RunStatus.lost, f"{silence}; it was launched elsewhere, so only its reports say it lives")
-
-
-def stop(db: Session, run: Run) -> None:
-    """Asks the script to stop, through the reply to its next batch; only a script that said it reads the request."""
-    if not run.takes_stop:
-        raise RunNotActive(
-            f"run {run.id} was launched elsewhere and its script does not take stop requests "
-            "(report.init(..., takes_stop=True)); stop it where it was started"
-        )
-    if run.status != RunStatus.stopping:
-        run.stop_requested_at = utcnow()
-        run_store.set_status(db, run, RunStatus.stopping, "stop requested: the script stops at its next check")
-
-
 def _finish(db: Session, run: Run, status: RunStatus, reason: str) -> None:
     run.finished_at = utcnow()
     run.final_loss = metric_store.last_value(db, run_id=run.id, key="loss")
-    run_store.set_status(db, run, status, reason)
+    transitions.move(db, run, status, reason)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from app.core.folders import RunFolders
 from app.core.models import Run
-from app.launcher.slurm import JOB_SCRIPT
+from app.launcher.launchers import kind
 from app.services import logs
 
 
@@ -32,11 +32,12 @@ def rank_outputs(run: Run, *, folders: RunFolders, lines: int = 20) -> list[Rank
 
 
 def job_script(run: Run, *, folders: RunFolders) -> str | None:
-    """The batch script a Slurm run was submitted with, as written into its folder; None for other runs."""
-    if run.launcher != "slurm":
+    """The script a run was submitted with (a Slurm batch script), as written into its folder; None for other runs."""
+    path = kind(run.launcher).job_script(run, folders)
+    if path is None:
         return None
     try:
-        return (folders.run_dir(run) / JOB_SCRIPT).read_text(errors="replace")
+        return path.read_text(errors="replace")
     except FileNotFoundError:
         return None
 

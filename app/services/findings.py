@@ -18,7 +18,7 @@ from statistics import fmean, median
 from typing import Literal
 
 from rankboard import wire
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
 from app.core.models import Run
@@ -126,12 +126,6 @@ def _episode(
     return StragglerOut(rank=rank, host=host, part=part, ms=mine, others_ms=others, since_step=since,
                         since=datetime.fromtimestamp(times[since], UTC), until_step=until, ongoing=until is None,
                         sentence=sentence)  # fmt: skip
-
-
-def loaded_run_findings(run: Run) -> FindingsOut:
-    """`findings` for a run still attached to the session that loaded it (a page's)."""
-    db = object_session(run)
-    return FindingsOut(nonfinite=None, stragglers=[], divergence=None) if db is None else findings(db, run=run)
 
 
 def nonfinite(db: Session, *, run: Run) -> NonFiniteOut | None:

@@ -21,16 +21,16 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import ValidationError
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
 from app.core.errors import FieldInvalid, InvalidToken, RunNotActive
 from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
-from app.launcher.launchers import Launchers
+from app.launcher.launchers import Launchers, kind
 from app.schemas.forensics import DumpOut, DumpsOut, RankDumpIn, RankStateOut
 from app.schemas.runs import RunCreate
-from app.services import dump_requests, external, metrics, runs
+from app.services import dump_requests, metrics, runs
 from app.store import audit
 from app.store import ranks as rank_store
 
@@ -60,12 +60,11 @@ def rerun_with_desync_checks(
     failure explanation names the rank that does not reach a collective."""
     with db.begin():  # create_run opens its own transaction: this read's ends first
         run = runs.get_run(db, run_id=run_id)
-        if run.launcher == external.EXTERNAL:
-            raise RunNotActive(f"run {run_id} ran elsewhere: rerun it there with TORCH_DISTRIBUTED_DEBUG=DETAIL")
-        # Unset options (no script arguments, no NCCL variables) are left to their defaults.
-        options = {name: value for name in RunCreate.model_fields if (value := getattr(run, name, None)) is not None}
+        if refusal := kind(run.launcher).rerun_refusal(run):
+            raise RunNotActive(refusal)
+        options = RunCreate.values_of(run)  # what it never had (a script's run: trainer options) keeps its default
         name = f"{run.name} (desync checks)"[-100:]
-        timeout = min(run.pg_timeout_s, DESYNC_TIMEOUT_S)
+        timeout = min(run.pg_timeout_s or DESYNC_TIMEOUT_S, DESYNC_TIMEOUT_S)
     spec = RunCreate.model_validate({**options, "name": name, "desync_checks": True, "pg_timeout_s": timeout})
     return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=actor)
 
@@ -94,24 +93,23 @@ def _write(path: Path, body: bytes) -> None:
 def run_dump(db: Session, *, run_id: int, folders: RunFolders) -> DumpsOut:
     """The run's newest dump, analysed (None before any request); raises RunNotFound."""
     run = runs.get_run(db, run_id=run_id)
-    return DumpsOut(latest=latest_dump(run, folders=folders, world_size=runs.world_size(run)))
+    return DumpsOut(latest=latest_dump(db, run=run, folders=folders, world_size=kind(run.launcher).ranks(run)))
 
 
-def latest_dump(run: Run, *, folders: RunFolders, world_size: int) -> DumpOut | None:
+def latest_dump(db: Session, *, run: Run, folders: RunFolders, world_size: int) -> DumpOut | None:
     """The newest request's answers, analysed; None before any request."""
     if run.dump_request is None:
         return None
     folder = folders.run_dir(run) / DUMPS / str(run.dump_request)
     dumps = sorted(_read(folder), key=lambda dump: dump.rank)
-    later = _later_steps(run)
+    later = _later_steps(db, run)
     return analyse(run.dump_request, run.dump_requested_at, dumps, expected=world_size, later_steps=later)
 
 
-def _later_steps(run: Run) -> dict[int, int]:
-    """Each rank's step in its heartbeats received since the request (none for a run loaded without a session)."""
-    db = object_session(run)
+def _later_steps(db: Session, run: Run) -> dict[int, int]:
+    """Each rank's step in its heartbeats received since the request."""
     since = run.dump_requested_at
-    if db is None or since is None:
+    if since is None:
         return {}
     return {row.rank: row.step for row in rank_store.rank_rows(db, run_id=run.id) if row.heartbeat_at >= since}
 

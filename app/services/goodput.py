@@ -21,15 +21,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from rankboard import wire
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
-from app.core.folders import RunFolders
 from app.core.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
-from app.services import comm, health, mfu, preflight, runs, sweeps
+from app.launcher.launchers import kind
+from app.services import health
 from app.store import goodput as goodput_store
 from app.store import runs as run_store
 
@@ -128,19 +127,6 @@ def goodput_of(db: Session, *, run_id: int) -> Goodput:
     return run_goodput(db, run=run)
 
 
-def run_goodput_now(run: Run) -> Goodput | None:
-    """`run_goodput` for a run still attached to the session that loaded it (the run page's)."""
-    db = object_session(run)
-    return None if db is None else run_goodput(db, run=run)
-
-
-def page_context(run: Run, *, folders: RunFolders) -> dict[str, Any]:
-    """What the run page shows of what the GPUs bought: goodput, communication share, preflight, MFU."""
-    return {"goodput": run_goodput_now(run), "startup_labels": STARTUP_PHASES, "comm": comm.comm_share_now(run),
-            "preflight": preflight.read(run, folders=folders), "mfu": mfu.run_mfu_now(run),
-            "sweep": sweeps.sweep_now(run)}  # fmt: skip
-
-
 def summary(db: Session, *, since_hours: float | None, name_prefix: str) -> Goodput:
     """The goodput of the runs created in the last `since_hours` (all if None) whose names start with the prefix."""
     now = utcnow()
@@ -155,7 +141,7 @@ def compute(
 ) -> Goodput:  # fmt: skip
     """Lay every rank's ledgers on the run's lifecycle; pure, so that it can be checked by hand. `reached_before`:
     the highest step taken before each of these unix times (a process incarnation's start), besides the ledgers'."""
-    ranks = max([runs.world_size(run), *(ledger.rank + 1 for ledger in ledgers)])
+    ranks = max([kind(run.launcher).ranks(run), *(ledger.rank + 1 for ledger in ledgers)])
     segments = _segments(run, events, now=now.timestamp())
     stalls = _stalls(events, now=now.timestamp())
     repeated = _repeated_steps(ledgers, reached_before or {})

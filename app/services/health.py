@@ -13,13 +13,14 @@ from datetime import datetime, timedelta
 from statistics import fmean
 from typing import Literal
 
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
 from app.core.humanize import duration
 from app.core.models import Run, RunRank, RunStatus, utcnow
 from app.schemas.forensics import StragglerOut
 from app.services import dump_requests, findings
+from app.services.lifecycle import transitions
 from app.store import health as health_store
 from app.store import ranks as rank_store
 from app.store import runs as run_store
@@ -186,25 +187,17 @@ def record(db: Session, run: Run, *, now: datetime, stall_after: timedelta) -> N
     stalled_before = last is not None and last.reason.startswith(NOT_PROGRESSING)
     if health.state != "ok" and not stalled_before:
         reason = health.message.removeprefix("Not progressing: ")
-        run_store.set_status(db, run, run.status, f"{NOT_PROGRESSING}: {reason}")
+        transitions.move(db, run, run.status, f"{NOT_PROGRESSING}: {reason}")
         dump_requests.ask(run)  # once per episode: every rank's stacks, to name the one the others wait for
     elif health.state == "ok" and last is not None and stalled_before:
-        run_store.set_status(db, run, run.status, f"{PROGRESSING_AGAIN}: the ranks' steps move again "
-                                                  f"(not progressing was reported {duration(now - last.at)} "
-                                                  "before)")  # fmt: skip
+        transitions.move(db, run, run.status, f"{PROGRESSING_AGAIN}: the ranks' steps move again "
+                                              f"(not progressing was reported {duration(now - last.at)} "
+                                              "before)")  # fmt: skip
 
 
-def assess_now(run: Run, *, stall_after_s: float) -> Health:
-    """`assess` at this moment, for a run still attached to the session that loaded it (a page's)."""
-    db = object_session(run)
-    if db is None:
-        return OK
-    return assess(db, run, now=utcnow(), stall_after=timedelta(seconds=stall_after_s))
-
-
-def not_progressing(run: Run, *, stall_after_s: float) -> bool:
-    """A running run whose ranks stopped moving: the run page warns of it, and the runs list marks it."""
-    return run.status == RunStatus.running and assess_now(run, stall_after_s=stall_after_s).state != "ok"
+def not_progressing(db: Session, run: Run, *, stall_after_s: float) -> bool:
+    """A running run whose ranks stopped moving: the runs list marks it (the run page's view has its whole health)."""
+    return assess(db, run, now=utcnow(), stall_after=timedelta(seconds=stall_after_s)).state != "ok"
 
 
 def run_health(db: Session, *, run_id: int, stall_after_s: float) -> Health:

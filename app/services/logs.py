@@ -19,8 +19,9 @@ from rankboard import wire
 from app.core.errors import FieldInvalid, PathNotFound
 from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus
-from app.launcher.local import LAUNCHER_LOG, latest_launch
-from app.launcher.slurm import AGENT_LOGS, OUTPUT_FILE, SlurmLauncher
+from app.launcher.launchers import kind
+from app.launcher.local import latest_launch
+from app.launcher.slurm import AGENT_LOGS
 from app.services.diagnose import Diagnosis, LogText, diagnose, root_cause_ranks
 
 STREAMS = ("stdout", "stderr")
@@ -105,10 +106,9 @@ def log_files(run: Run, *, folders: RunFolders) -> list[LogFile]:
 
 
 def launcher_output(run: Run, *, folders: RunFolders) -> Path | None:
-    """The launcher's own output: Slurm's output file of the run's job, or the local launcher's torchrun log."""
-    if run.launcher != SlurmLauncher.name:
-        return folders.run_dir(run) / LAUNCHER_LOG
-    return folders.run_dir(run) / OUTPUT_FILE.replace("%j", run.job_id) if run.job_id else None
+    """The launcher's own output: Slurm's output file of the run's job, the local launcher's torchrun log; none of a
+    run launched elsewhere."""
+    return kind(run.launcher).output_file(run, folders)
 
 
 def rank_folders(ranks_dir: Path, *, nproc_per_node: int) -> list[RankFolder]:

@@ -13,10 +13,13 @@ from rankboard import wire
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from app.auth.passwords import sha256
 from app.core.errors import InvalidToken, RunNotActive, SeriesNotFound
 from app.core.models import Run, RunStatus, utcnow
+from app.launcher.launchers import kind
 from app.schemas.metrics import BatchIn, IngestResult, PointOut, SeriesOut
 from app.services import dump_requests, external, nodes, runs
+from app.services.lifecycle import transitions
 from app.store import charts as chart_store
 from app.store import chunks
 from app.store import metrics as metric_store
@@ -25,8 +28,6 @@ from app.store import summaries as summary_store
 from app.store.metrics import SeriesPoint, StoredPoint
 
 log = logging.getLogger(__name__)
-# Queued too: a Slurm job may start, and its trainer post, before the server sees it leave Slurm's queue.
-ACCEPTS_METRICS = (RunStatus.queued, RunStatus.starting, RunStatus.running, RunStatus.stopping)
 # The keys of GPU and host samples (rankboard.gpu), logged at step = unix seconds: "gpu/", "sys/".
 CLOCK_STEPPED = (wire.GPU_KEY.partition("{")[0], wire.SYS_KEY.partition("{")[0])
 
@@ -54,10 +55,10 @@ def ingest(
         run = runs.get_run(db, run_id=run_id)
         if not token_fits(db, run, token):
             raise InvalidToken(f"the token is not the one run {run_id} was launched with")
-        elsewhere = run.launcher == external.EXTERNAL
-        if not (external.takes_batch(run, now=utcnow()) if elsewhere else run.status in ACCEPTS_METRICS):
+        reporting = kind(run.launcher).joins  # its processes say themselves that they live, and how they ended
+        if not kind(run.launcher).takes_batch(run, now=utcnow()):
             raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
-        if elsewhere:
+        if reporting:
             external.took_batch(db, run)
         stored = _store_points(db, run_id=run_id, batch=batch)
         nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)
@@ -65,10 +66,10 @@ def ingest(
             run.heartbeat_at = utcnow()
             if run.status in (RunStatus.queued, RunStatus.starting):
                 what = "progress" if batch.progress is not None else "step"
-                run_store.set_status(db, run, RunStatus.running, f"the trainer reported its first {what}")
-        if batch.ended is not None and elsewhere:
+                transitions.move(db, run, RunStatus.running, f"the trainer reported its first {what}")
+        if batch.ended is not None and reporting:
             external.ended(db, run, batch.ended)
-        stop = elsewhere and run.stop_requested_at is not None
+        stop = reporting and run.stop_requested_at is not None
         dump = dump_requests.pending(run, now=utcnow())
     result = IngestResult(accepted=batch.size, stored=stored, stop=stop, dump=dump)
     if counters is not None:  # counted once committed: a batch refused or rolled back was not taken
@@ -78,10 +79,10 @@ def ingest(
 
 def token_fits(db: Session, run: Run, token: str) -> bool:
     """The token the run was launched with, or one a process of a run launched elsewhere got when it joined."""
-    token_hash = runs.hash_token(token)
+    token_hash = sha256(token)
     if run.token_hash is not None and hmac.compare_digest(run.token_hash, token_hash):
         return True
-    return run.launcher == external.EXTERNAL and run_store.has_process_token(db, run_id=run.id, token_hash=token_hash)
+    return kind(run.launcher).joins and run_store.has_process_token(db, run_id=run.id, token_hash=token_hash)
 
 
 def advance_progress(run: Run, batch: BatchIn) -> bool:

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rankboard import wire
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
 from app.core.models import Run
+from app.launcher.launchers import kind
 from app.services import runs
 from app.store import metrics as metric_store
 
@@ -70,7 +71,7 @@ def run_mfu(db: Session, *, run: Run) -> Mfu | None:
     if not flops or not run.samples_per_s:
         return None
     names = [str(gpu["name"]) for node in run.gpus or [] for gpu in node.get("gpus", [])]  # type: ignore[attr-defined]
-    processes = runs.world_size(run)
+    processes = kind(run.launcher).ranks(run)
     return compute(flops_per_sample=flops, samples_per_s=run.samples_per_s, gpu=names[0] if names else None,
                    precision=PRECISION_OF.get(run.precision, "fp32"), processes=processes)  # fmt: skip
 
@@ -78,9 +79,3 @@ def run_mfu(db: Session, *, run: Run) -> Mfu | None:
 def mfu_of(db: Session, *, run_id: int) -> Mfu | None:
     """`run_mfu` of the run with this id; raises RunNotFound."""
     return run_mfu(db, run=runs.get_run(db, run_id=run_id))
-
-
-def run_mfu_now(run: Run) -> Mfu | None:
-    """`run_mfu` for a run still attached to the session that loaded it (the run page's)."""
-    db = object_session(run)
-    return None if db is None else run_mfu(db, run=run)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
@@ -13,7 +14,7 @@ from sqlalchemy.orm import Session
 from app.core.errors import FieldInvalid
 from app.core.models import Run, RunTag, utcnow
 from app.services import runs
-from app.services.runs_table_query import RunQuery
+from app.services.runs_table_query import RunQuery, Target, config_path
 from app.store import audit
 from app.store import runs_table as table_store
 
@@ -45,7 +46,9 @@ def page(db: Session, *, query: RunQuery, limit: int, offset: int) -> RunsTable:
     for run in found:
         row: dict[str, Value] = {}
         for column in query.columns:
-            if column.field is not None:
+            if column.config is not None:
+                row[column.label] = _scalar(_at(run.config, column.config))
+            elif column.field is not None:
                 row[column.label] = _scalar(getattr(run, column.field))
             else:
                 summary = summaries.get((run.id, column.metric or ""))
@@ -58,10 +61,15 @@ def _check_metrics_reported(db: Session, query: RunQuery) -> None:
     """A name that is no field and no metric of any run, while runs have reported others, is a typo (`-val_los`),
     refused naming it, rather than a table sorted by, or filtered on, nothing. On a store with no metrics yet there
     is nothing to tell a typo by: a view bookmarked elsewhere (`-loss.min`) still shows its empty table."""
-    named = [("sort", query.sort), *(("filter", c.target) for c in query.conditions)]
-    named += [("columns", column) for column in query.columns]
+    named = _named(query)
+    _check_config_keys(db, named)
     metrics = [(param, aim.metric) for param, aim in named if aim.metric is not None]
     known = table_store.reported_keys(db, keys=sorted({metric for _param, metric in metrics}))
+    for param, metric in metrics:  # a script's own config key, named without `config.`: say how to name it
+        path = None if metric in known else config_path(metric)
+        if path is not None and table_store.config_keys(db, paths=[path]):
+            said = f"{param}: {metric!r} is no field of a run, and no run has a metric of that name"
+            raise FieldInvalid(param, f"{said}; runs' config has it: config.{metric}")
     if metrics and not known and not table_store.any_reported(db):
         return
     for param, metric in metrics:
@@ -69,9 +77,36 @@ def _check_metrics_reported(db: Session, query: RunQuery) -> None:
             raise FieldInvalid(param, f"{param}: {metric!r} is no field of a run, and no run has a metric of that name")
 
 
+def _named(query: RunQuery) -> list[tuple[str, Target]]:
+    """What the query names, each with the parameter that named it."""
+    named = [("sort", query.sort), *(("filter", c.target) for c in query.conditions)]
+    return named + [("columns", column) for column in query.columns]
+
+
+def _check_config_keys(db: Session, named: list[tuple[str, Target]]) -> None:
+    """A `config.<key>` that no run's config has, while there are runs, is a typo too."""
+    keys = [(param, aim.config) for param, aim in named if aim.config is not None and aim.kind is None]
+    found = table_store.config_keys(db, paths=sorted({path for _param, path in keys}))
+    for param, path in keys:
+        if path not in found and table_store.any_run(db):
+            raise FieldInvalid(param, f"{param}: no run's config has {'.'.join(path)!r}")
+
+
+def _at(config: dict[str, Any] | None, path: tuple[str, ...]) -> object:
+    """The value at `path` in a config document; None where it has none."""
+    value: object = config
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
 def _scalar(value: object) -> Value:
     if value is None or isinstance(value, (float, str, bool)):
         return value
+    if isinstance(value, (dict, list)):  # a script's nested config: as JSON, not Python's repr
+        return json.dumps(value)
     return value if isinstance(value, int) else str(getattr(value, "value", value))
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
 from app.core.errors import FieldInvalid
 from app.core.folders import RunFolders
 from app.core.models import Run
 from app.core.settings import Settings
-from app.launcher.launchers import Launchers
+from app.launcher.launchers import Launchers, kind
 from app.schemas.runs import RunCreate
 from app.services import comm, runs
 
@@ -68,21 +68,12 @@ def start_sweep(
 
 def _specs(origin: Run, *, capacity: int) -> list[RunCreate]:
     """The origin's options at each size, for one epoch, without restarts."""
-    if origin.launcher != "local":
-        where = "is on Slurm" if origin.launcher == "slurm" else "was launched elsewhere"
-        raise FieldInvalid("launcher", f"a scaling sweep runs on this host only, for now; this run {where}")
-    options = {name: value for name in RunCreate.model_fields if (value := getattr(origin, name, None)) is not None}
-    if origin.script:  # the run stores "script" as its workload, which the form does not offer
-        options.pop("workload", None)
+    if refusal := kind(origin.launcher).sweep_refusal(origin):
+        raise FieldInvalid("launcher", refusal)
+    options = RunCreate.values_of(origin)
     return [RunCreate.model_validate({**options, "nproc_per_node": processes, "epochs": 1, "max_restarts": 0,
                                       "name": f"{origin.name[:60]} · sweep {processes}p"})
             for processes in sizes(capacity=capacity)]  # fmt: skip
-
-
-def sweep_now(run: Run) -> Sweep | None:
-    """`sweep_of` for a run still attached to the session that loaded it (the run page's)."""
-    db = object_session(run)
-    return None if db is None else sweep_of(db, run_id=run.id)
 
 
 def sweep_of(db: Session, *, run_id: int) -> Sweep:

@@ -1,4 +1,4 @@
-"""Runs and their lifecycle events."""
+"""Runs: reading them, and holding one's row (its status is written by app.services.lifecycle.transitions)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
-from app.core.models import Alert, Run, RunEvent, RunStatus, RunToken
+from app.core.models import Alert, Run, RunStatus, RunToken
 
 
 def get_run(db: Session, run_id: int) -> Run | None:
@@ -70,10 +70,3 @@ def runs_to_supervise(db: Session, *, active: Iterable[RunStatus], local: str, h
     The rest of a long queue is not read: loading it at every tick took ~0.05 ms a run, 11% of a core for 1,000
     queued runs, from training on the same node (bench/supervisor_tick.py)."""
     return list(db.scalars(_TO_SUPERVISE, {"active": list(active), "local": local, "head": head}))
-
-
-def set_status(db: Session, run: Run, status: RunStatus, reason: str) -> None:
-    """Moves `run` to `status` and records the transition with its reason."""
-    run.status = status
-    run.status_reason = reason
-    db.add(RunEvent(run_id=run.id, status=status, reason=reason))

@@ -158,9 +158,9 @@ def _form_text(value: object) -> str:
     if isinstance(value, bool):  # what a ticked checkbox posts, and what the form's template checks for
         return "true" if value else "false"
     if isinstance(value, dict):
-        return "\n".join(f"{name}={text}" for name, text in value.items())
+        return "\n".join(f"{name}={_form_text(text)}" for name, text in value.items())
     if isinstance(value, list):
-        return "\n".join(value)
+        return "\n".join(_form_text(item) for item in value)
     return "" if value is None else str(value)
 
 

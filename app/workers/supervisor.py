@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.folders import RunFolders
 from app.launcher.launchers import Launchers
-from app.services import runs
 from app.services.alerts import AlertRules
+from app.services.lifecycle import tick
 from app.workers.alert_sender import AlertSender
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,6 @@ class Supervisor:
         interval: float,
         grace: float,
         stall_after: float,
-        lost_after: float,
         alert_rules: AlertRules | None = None,
         alert_sender: AlertSender | None = None,
     ):
@@ -41,7 +40,6 @@ class Supervisor:
         self.interval = interval
         self.grace = timedelta(seconds=grace)
         self.stall_after = timedelta(seconds=stall_after)
-        self.lost_after = timedelta(seconds=lost_after)  # runs launched elsewhere: silence this long, lost
         self.alert_rules, self.alert_sender = alert_rules, alert_sender
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankboard-supervisor", daemon=True)
@@ -59,9 +57,8 @@ class Supervisor:
 
     def tick(self) -> None:
         with self.sessions() as db:
-            runs.supervise(db, launchers=self.launchers, folders=self.folders, grace=self.grace,
-                           stall_after=self.stall_after, alert_rules=self.alert_rules,
-                           lost_after=self.lost_after)  # fmt: skip
+            tick.supervise(db, launchers=self.launchers, folders=self.folders, grace=self.grace,
+                           stall_after=self.stall_after, alert_rules=self.alert_rules)  # fmt: skip
         if self.alert_sender is not None:
             self.alert_sender.wake()  # after the commit: what this tick raised is there to be sent
 

@@ -6,9 +6,9 @@ import pytest
 from fastapi.testclient import TestClient
 from rankboard import wire
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Run, RunStatus, utcnow
-from app.services.runs import hash_token
-from app.store import runs as run_store
+from app.services.lifecycle import transitions
 
 TOKEN = "t0ken-for-tests"
 
@@ -36,7 +36,9 @@ def move_run(client: TestClient, run_id: int, status: RunStatus) -> None:
     with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
         run = db.get(Run, run_id)
         run.finished_at = utcnow() if status.is_final else None
-        run_store.set_status(db, run, status, f"moved to {status.value} by the test")
+        if run.status.is_final and status != RunStatus.queued:  # an end is left only through the queue (a resume)
+            transitions.move(db, run, RunStatus.queued, "resumed by the test")
+        transitions.move(db, run, status, f"moved to {status.value} by the test")
 
 
 def post(client: TestClient, run_id: int, body: object, token: str = TOKEN):  # type: ignore[no-untyped-def]

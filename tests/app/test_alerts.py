@@ -19,11 +19,11 @@ import pytest
 from fastapi.testclient import TestClient
 from rankboard import wire
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Run, RunStatus, utcnow
 from app.core.settings import Settings
 from app.launcher import processes
 from app.main import create_app
-from app.services.runs import hash_token
 from tests.app.conftest import TOKEN, post
 from tests.live import free_port, wait_for
 

@@ -23,12 +23,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.main import create_app
 from app.schemas.metrics import BatchIn
 from app.services import metrics
-from app.services.runs import hash_token
 from tests.app.conftest import TOKEN as RUN_TOKEN
 from tests.app.conftest import running_run
 

@@ -18,11 +18,11 @@ from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Role, Run, RunStatus
 from app.core.settings import Settings
 from app.main import create_app
 from app.services import tokens, users
-from app.services.runs import hash_token
 from tests.app.conftest import batch
 
 ADMIN_PASSWORD = "admin-pass-0451"

@@ -22,12 +22,12 @@ from fastapi.testclient import TestClient
 from rankboard import wire
 from sqlalchemy import text
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.db import alembic_config, make_engine, upgrade
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.main import create_app
 from app.services import metrics
-from app.services.runs import hash_token
 from tests.app.conftest import TOKEN, post
 from tests.postgres import new_database, postgres_bin, postgres_server
 

@@ -173,3 +173,30 @@ def test_checkpoints_in_the_folder_a_script_names_are_listed_and_one_outside_the
     shown = run(client, elsewhere["run_id"])
     assert shown["checkpoint_folder"] is None
     assert "is not in the shared folder, so none are listed" in shown["events"][0]["reason"]
+
+
+def test_a_run_launched_elsewhere_shows_what_its_script_reported_and_no_option_it_never_had(
+    client: TestClient,
+) -> None:
+    joined = join(client, config={"lr": 3e-4, "layers": 24, "optim": {"betas": [0.9, 0.95]}})
+    shown = run(client, joined["run_id"])
+    assert shown["config"] == {"lr": 3e-4, "layers": 24, "optim": {"betas": [0.9, 0.95]}}
+    assert (shown["epochs"], shown["lr"], shown["batch_size"], shown["seed"]) == (None, None, None, None)
+    config = client.get(f"/runs/{joined['run_id']}").text.partition('id="run-config"')[2].partition("</dl>")[0]
+    assert "<dt>layers</dt><dd><code>24</code>" in config and "<dt>epochs</dt>" not in config
+    assert '<dt>optim</dt><dd><code>{"betas": [0.9, 0.95]}</code>' in config  # as JSON, as it was sent
+    table = client.get("/api/runs", params={"columns": "lr,epochs,config.layers"}).json()["values"]
+    assert table[str(joined["run_id"])] == {"lr": 3e-4, "epochs": None, "config.layers": 24}
+    form = client.get("/runs/new", params={"from_run": joined["run_id"]}).text
+    for name, default in (("epochs", "10"), ("batch_size", "64"), ("lr", "0.001")):  # defaults, not placeholders
+        assert f'name="{name}" type="number" value="{default}"' in form, name
+
+
+def test_a_config_that_some_store_could_not_keep_as_sent_is_refused_naming_it(client: TestClient) -> None:
+    """NaN and infinities (report.init sends them as strings) and NUL characters (PostgreSQL's jsonb refuses them)."""
+    for raw in ('{"lr": 1e400}', '{"note": "a\\u0000b"}'):
+        body = ('{"key": "k", "name": "n", "rank": 0, "world_size": 1, "local_world_size": 1, "host": "h", "config": '
+                + raw + "}")  # fmt: skip
+        answer = client.post("/api/runs/external", content=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 422 and answer.json()["detail"][0]["loc"] == ["body", "config"], answer.text
+    assert client.get("/api/runs").json()["total"] == 0

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from rankboard import wire
 from sqlalchemy import update
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Run, RunRank, RunStatus, utcnow
 from app.launcher import processes
-from app.services.runs import hash_token
 from tests.app.conftest import TOKEN, post
 
 

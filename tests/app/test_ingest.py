@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 from rankboard import wire
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Run, RunStatus, utcnow
-from app.services import external
-from app.services.runs import hash_token
+from app.launcher import external
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, series
 from tests.live import LiveServer, open_run
 

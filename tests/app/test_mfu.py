@@ -13,7 +13,7 @@ from app.core.folders import RunFolders
 from app.core.models import Run
 from app.core.settings import Settings
 from app.launcher.slurm import SlurmLauncher
-from app.services import mfu, runs
+from app.services import mfu
 from trainer.workloads import WORKLOADS
 
 
@@ -69,4 +69,6 @@ def test_a_slurm_run_has_its_processes_per_node_times_its_nodes_times_their_agen
     settings = Settings(data_dir=tmp_path, shared_dir=tmp_path / "shared", slurm_agents_per_node=2)
     run = Run(nproc_per_node=4, slurm_nodes=3, launcher="slurm")
     assert SlurmLauncher(settings, RunFolders(settings.shared)).world_size(run) == 24
-    assert runs.world_size(run) == 12, "a run stored before runs kept their size: the agents were never known"
+    assert SlurmLauncher.ranks(run) == 12, "a run stored before runs kept their size: the agents were never known"
+    run.world_size = 24  # as the launcher recorded it
+    assert SlurmLauncher.ranks(run) == 24

@@ -14,7 +14,6 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.core.db import alembic_config, make_engine
-from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.main import create_app
 from app.store import metrics as metric_store
@@ -66,11 +65,12 @@ def test_an_old_store_converts_in_place_with_every_point_and_chart_the_same(tmp_
     points = old_points(random.Random(5))
     engine = make_engine(url)
     with Session(engine) as db, db.begin():
-        run = Run(name="old", status=RunStatus.succeeded, workload="mlp", nproc_per_node=2, epochs=1, batch_size=1,
-                  lr=0.1, checkpoint_every=1, seed=0)  # fmt: skip
-        db.add(run)
-        db.flush()
-        run_id = run.id
+        # In SQL, as the store was then: today's Run keeps its options in a config document (0017), this one's columns.
+        run_id = db.execute(text(
+            "INSERT INTO runs (name, status, status_reason, created_at, workload, nproc_per_node, epochs, batch_size,"
+            " lr, checkpoint_every, seed, epoch, step, total_steps, samples_per_s, trainer_finished)"
+            " VALUES ('old', 'succeeded', '', '2026-01-01 00:00:00', 'mlp', 2, 1, 1, 0.1, 1, 0, 0, 0, 0, 0, 0)"
+        )).lastrowid  # fmt: skip
         ids = metric_store.series_ids(db, run_id=run_id, keys={key for key, _, _ in points})
         rows = [{"series_id": ids[key], "step": step, "rank": rank, "value": None if math.isnan(v) else v, "time": t}
                 for (key, step, rank), (v, t) in points.items()]  # fmt: skip

@@ -21,7 +21,7 @@ from app.main import create_app
 from app.schemas.metrics import BatchIn
 from app.services import metrics
 from app.store import metrics as metric_store
-from tests.app import test_health, test_supervisor
+from tests.app import test_db, test_health, test_runs_table, test_supervisor
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, running_run, series
 from tests.postgres import new_database, postgres_bin, postgres_server
 
@@ -134,6 +134,14 @@ def test_the_runs_table_filters_sorts_searches_and_deletes_on_postgresql(pg_clie
     assert pg_client.delete(f"/api/runs/{a}").json()["points"] == 2
     assert [run["id"] for run in pg_client.get("/api/runs").json()["items"]] == [c, b]
     assert pg_client.get(f"/api/runs/{a}/metrics").status_code == 404
+
+
+def test_every_kind_of_run_filters_and_sorts_on_its_config_keys_on_postgresql(pg_client: TestClient) -> None:
+    test_runs_table.assert_config_keys_filter_and_sort(pg_client)
+
+
+def test_a_populated_postgresql_store_moves_its_options_into_config_documents(admin_dsn: str, tmp_path: Path) -> None:
+    test_db.assert_the_config_migration_keeps_every_run(new_database(admin_dsn), tmp_path, count=2500)
 
 
 def test_batches_into_the_same_chunks_at_once_lose_nothing_on_postgresql(pg_client: TestClient) -> None:

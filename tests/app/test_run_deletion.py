@@ -12,11 +12,11 @@ from fastapi.testclient import TestClient
 from rankboard import wire
 from sqlalchemy import text
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.models import Run, RunStatus
 from app.launcher import processes
 from app.schemas.metrics import BatchIn
 from app.services import metrics, run_deletion
-from app.services.runs import hash_token
 
 TOKEN = "delete-t0ken"
 TABLES = ("run_events", "run_tags", "metric_series", "metric_summaries", "audit_entries")

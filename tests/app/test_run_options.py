@@ -3,13 +3,19 @@ and every script path outside the allowed folders, is a 4xx naming the field, wi
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
 
 from app.core.models import Run
 from app.core.settings import Settings
+from app.core.trainer_options import TrainerOptions
 from app.launcher.local import LocalLauncher
 from app.schemas.runs import RunCreate
 from app.web.forms import as_form_text
@@ -87,6 +93,94 @@ def test_every_trainer_option_reaches_the_trainers_command_line(client: TestClie
     trainer_args = command[command.index("trainer") + 1 :]
     config = TrainConfig.from_argv(trainer_args)  # the trainer parses exactly what the launcher built
     assert {name: getattr(config, name) for name in options} == options
+    # Every option of the document is a flag, none written out by hand: only `resume` is left at the trainer's own.
+    flags = {arg[2:].replace("-", "_") for arg in trainer_args if arg.startswith("--")}
+    assert flags == {f.name for f in dataclasses.fields(TrainConfig)} - {"resume"}
+    assert run["config"] == TrainerOptions(**{k: v for k, v in options.items() if k != "workload"}).model_dump()
+
+
+# What the server keeps of a run itself rather than in TrainerOptions, and why.
+SERVERS_OWN = {
+    "workload": "a run's own column, which also says a run of a script or launched elsewhere",
+    "checkpoint_dir": "the server gives each run its folder",
+    "resume": "a launched run always resumes from its newest snapshot (torchrun's restarts depend on it)",
+}
+
+
+def trainer_bounds(name: str) -> dict[str, Any]:
+    """TrainConfig's bounds and choices of a field, as its check reads them."""
+    metadata = next(f.metadata for f in dataclasses.fields(TrainConfig) if f.name == name)
+    return {key: metadata[key] for key in ("ge", "gt", "le") if key in metadata} | (
+        {"choices": set(metadata["choices"])} if "choices" in metadata else {}
+    )
+
+
+def server_bounds(model: type[BaseModel], name: str) -> dict[str, Any]:
+    """The server model's bounds and choices of a field, as the API's schema and the form show them."""
+    field = model.model_fields[name]
+    found = {key: getattr(rule, key) for rule in field.metadata for key in ("ge", "gt", "le") if hasattr(rule, key)}
+    enum = model.model_json_schema()["properties"][name].get("enum")
+    return found | ({"choices": set(enum)} if enum else {})
+
+
+def server_type(model: type[BaseModel], name: str) -> type:
+    annotation = model.model_fields[name].annotation
+    return type(get_args(annotation)[0]) if get_origin(annotation) is Literal else annotation  # type: ignore[return-value]
+
+
+def test_the_servers_options_are_the_trainers_field_for_field() -> None:
+    """The contract: names, types, defaults, bounds and choices equal, so that what the form and the API accept the
+    trainer accepts, and no option is missing on either side. It fails when one side changes alone."""
+    trainer = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    assert set(TrainerOptions.model_fields) == set(trainer) - set(SERVERS_OWN)
+    types = typing.get_type_hints(TrainConfig)
+    for name, field in TrainerOptions.model_fields.items():
+        assert server_type(TrainerOptions, name) is types[name], name
+        assert field.default == trainer[name].default and type(field.default) is type(trainer[name].default), name
+        assert server_bounds(TrainerOptions, name) == trainer_bounds(name), name
+    assert server_bounds(RunCreate, "workload") == trainer_bounds("workload")
+    assert RunCreate.model_fields["workload"].default == trainer["workload"].default
+
+
+def beyond(name: str) -> list[object]:
+    """Values on and just past each bound of a numeric option: each side must take or refuse them alike."""
+    bounds, kind = trainer_bounds(name), typing.get_type_hints(TrainConfig)[name]
+    step = 1 if kind is int else 1e-9
+    values: list[object] = []
+    for key, edge in bounds.items():
+        if key != "choices":
+            values += [kind(edge), kind(edge - step if key in ("ge", "gt") else edge + step)]
+    return values
+
+
+@pytest.mark.parametrize("name", [n for n in TrainerOptions.model_fields if beyond(n)])
+def test_the_server_and_the_trainer_take_and_refuse_the_same_values_at_each_bound(name: str) -> None:
+    for value in beyond(name):
+        trainer_takes = _takes(lambda: TrainConfig(**{name: value}))  # noqa: B023
+        server_takes = _takes(lambda: TrainerOptions.model_validate({name: value}))  # noqa: B023
+        assert trainer_takes == server_takes, (name, value, trainer_takes)
+
+
+def _takes(make: Callable[[], object]) -> bool:
+    try:
+        make()
+    except ValueError:  # pydantic's ValidationError is one
+        return False
+    return True
+
+
+def test_a_scripts_run_has_only_what_it_had_its_arguments_and_no_trainer_option(
+    client: TestClient, settings: Settings
+) -> None:
+    (settings.shared / "train.py").write_text("print('hi')")
+    run = client.post("/api/runs", json={"script": "train.py", "script_args": ["--lr", "3e-4"], "epochs": 3}).json()
+    assert run["config"] == {"script_args": ["--lr", "3e-4"], "desync_checks": False}
+    assert (run["epochs"], run["lr"], run["script_args"]) == (None, None, ["--lr", "3e-4"])
+    page = client.get(f"/runs/{run['id']}").text
+    config = page.partition('id="run-config"')[2].partition("</dl>")[0]
+    assert "<dt>desync_checks</dt>" in config and "epochs" not in config and "--lr 3e-4" in config
+    form = client.get("/runs/new", params={"from_run": run["id"]}).text
+    assert 'name="epochs" type="number" value="10"' in form  # the default: it never had 3, which it was not given
 
 
 def launcher_command(client: TestClient, run_id: int) -> list[str]:

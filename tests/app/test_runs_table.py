@@ -24,13 +24,13 @@ from markupsafe import escape
 from rankboard import wire
 from sqlalchemy import insert, inspect, text
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.db import alembic_config, make_engine, upgrade
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.launcher import processes
 from app.main import create_app
 from app.schemas.runs import RunCreate
-from app.services.runs import hash_token
 
 TOKEN = "table-t0ken"
 RUNS = 240
@@ -72,10 +72,12 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient
     rng = random.Random(15)
     with TestClient(create_app(settings)) as client:
         sessions = client.app.state.sessions  # type: ignore[attr-defined]
-        spec = RunCreate().model_dump(exclude={"allow_low_disk"})
+        spec = RunCreate()
         me = os.getpid()  # the live runs' process: a supervisor's tick finds them alive (as tests/run_states.py does)
-        rows = [{**spec, "name": f"{rng.choice(['resnet', 'gpt', 'Bert_x'])}-{i}", "lr": rng.choice([1e-4, 3e-4, 1e-3,
-                 3e-3]), "batch_size": rng.choice([16, 32, 64]), "optimizer": rng.choice(["adamw", "sgd"]),
+        rows = [{**spec.columns(), "name": f"{rng.choice(['resnet', 'gpt', 'Bert_x'])}-{i}",
+                 "config": spec.config() | {"lr": rng.choice([1e-4, 3e-4, 1e-3, 3e-3]),
+                                            "batch_size": rng.choice([16, 32, 64]),
+                                            "optimizer": rng.choice(["adamw", "sgd"])},
                  "status": RunStatus.running, "status_reason": "", "token_hash": hash_token(TOKEN),
                  "pid": me, "pid_start_ticks": processes.start_ticks(me)}
                 for i in range(RUNS)]  # fmt: skip
@@ -422,3 +424,48 @@ def _reporting_run(client: TestClient, options: dict[str, Any], series: dict[str
                          headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
     assert answer.status_code == 200, answer.text
     return run_id
+
+
+def test_every_kind_of_run_filters_and_sorts_on_its_config_keys(client: TestClient) -> None:
+    assert_config_keys_filter_and_sort(client)
+
+
+def assert_config_keys_filter_and_sort(client: TestClient) -> None:
+    """Built-in runs, a run of a script, and runs launched elsewhere, each filtered, sorted and shown by the keys of
+    its own config document: a number is compared as a number, a text as text, a flag as a flag, in SQL; no run
+    shows, or matches on, a value it never had. (Also on PostgreSQL: tests/app/test_postgres.py.)"""
+    shared = client.app.state.settings.shared  # type: ignore[attr-defined]
+    shared.mkdir(parents=True, exist_ok=True)
+    (shared / "train.py").write_text("print('hi')")
+    small, big = (client.post("/api/runs", json={"name": "built-in", "lr": lr}).json()["id"] for lr in (3e-4, 3e-3))
+    script = client.post("/api/runs", json={"script": "train.py", "script_args": ["--lr", "1e-5"]}).json()["id"]
+    reported = [{"lr": 5e-4, "arch": "resnet", "optim": {"lr": 0.01}, "amp": True, "layers": 24},
+                {"lr": "auto", "arch": "vit", "layers": 12}, {"amp": False, "arch": "3"}]  # fmt: skip
+    ext = [_joined(client, f"job-{i}", config) for i, config in enumerate(reported)]
+
+    def found(**params: str) -> list[int]:
+        return listed_ids(client, **params)
+
+    assert found(filter="lr < 1e-3") == [ext[0], small]  # a script's reported lr, not "auto", not a script's argument
+    assert found(filter="epochs = 10") == [big, small]  # the runs that had the option, none of the others
+    assert found(filter="config.arch = resnet") == [ext[0]] and found(filter='config.arch = "3"') == [ext[2]]
+    assert found(filter="config.optim.lr < 0.1") == [ext[0]]
+    assert found(filter="config.amp = true") == [ext[0]] and found(filter="config.amp = false") == [ext[2]]
+    assert found(sort="config.layers") == [ext[1], ext[0], ext[2], script, big, small]  # then the runs without it
+    assert found(sort="-lr") == [big, ext[0], small, ext[2], ext[1], script]
+    body = client.get("/api/runs", params={"columns": "lr,config.arch,config.optim", "limit": 10}).json()
+    assert body["values"][str(ext[0])] == {"lr": 5e-4, "config.arch": "resnet", "config.optim": '{"lr": 0.01}'}
+    assert body["values"][str(script)] == {"lr": None, "config.arch": None, "config.optim": None}
+    refused = client.get("/api/runs", params={"filter": "config.nope > 1"})
+    assert refused.status_code == 422 and "no run's config has 'nope'" in refused.text
+    hinted = client.get("/api/runs", params={"sort": "arch"})
+    assert hinted.status_code == 422 and "runs' config has it: config.arch" in hinted.text
+    page = client.get("/", params={"filter": "config.arch = resnet; lr < 0.001", "columns": "config.arch"}).text
+    assert 'value="config.arch = resnet; lr &lt; 0.001"' in page and f'href="/runs/{ext[0]}"' in page
+
+
+def _joined(client: TestClient, key: str, config: dict[str, Any]) -> int:
+    body = {"key": key, "name": key, "config": config, "rank": 0, "world_size": 1, "local_world_size": 1, "host": "h"}
+    answer = client.post("/api/runs/external", json=body)
+    assert answer.status_code == 200, answer.text
+    return int(answer.json()["run_id"])

@@ -16,7 +16,7 @@ from app.core.settings import Settings
 from app.launcher.interface import JobView
 from app.launcher.slurm import JobOptions, describe, ending, job_name, job_script, parse_squeue
 from app.main import create_app
-from app.services.runs import final_status
+from app.services.lifecycle.tick import final_status
 
 HOSTILE = ["'; touch {pwned} #", "$(touch {pwned})", "`touch {pwned}`", 'a"b', "line\nbreak", "$HOME", "*", "--x=1 2"]
 
@@ -85,9 +85,9 @@ def test_a_job_without_a_head_node_fails_loudly_rather_than_rendezvous_with_itse
 def test_squeue_lines_are_read_by_job_id_and_noise_is_left_out() -> None:
     text = "12|PENDING|Resources|\n13|RUNNING|None|node-[1-2]\nslurm_load_jobs warning\n14_2|TIMEOUT|TimeLimit|n3\n"
     assert parse_squeue(text) == {
-        "12": JobView("PENDING", "Resources", ""),
-        "13": JobView("RUNNING", "None", "node-[1-2]"),
-        "14_2": JobView("TIMEOUT", "TimeLimit", "n3"),
+        "12": JobView("PENDING", "Resources", "", waiting=True, words="Slurm job 12: queued in Slurm (Resources)"),
+        "13": JobView("RUNNING", "None", "node-[1-2]", running=True, words="Slurm job 13: running on node-[1-2]"),
+        "14_2": JobView("TIMEOUT", "TimeLimit", "n3", words="Slurm job 14_2: ended in Slurm: TIMEOUT"),
     }
 
 

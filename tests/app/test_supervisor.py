@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from app.core.models import Alert, Run, RunStatus, utcnow
 from app.launcher import processes
 from app.services import runs as runs_service
-from app.services.runs import ACTIVE, final_status
+from app.services.lifecycle.tick import ACTIVE, NO_REPORTS, final_status
 from app.store.runs import runs_to_supervise
 from tests.live import free_port, run_processes, wait_for
 
@@ -220,4 +220,4 @@ def test_a_script_that_reports_nothing_is_running_once_its_processes_are_up(
     shown = tick(client)
     assert shown["status"] == status
     if status == "running":
-        assert shown["status_reason"] == runs_service.NO_REPORTS
+        assert shown["status_reason"] == NO_REPORTS

@@ -7,11 +7,11 @@ import os
 import httpx
 from sqlalchemy import insert, update
 
+from app.auth.passwords import sha256 as hash_token
 from app.core.db import make_engine
 from app.core.models import Run, RunStatus
 from app.launcher import processes
 from app.schemas.runs import RunCreate
-from app.services.runs import hash_token
 from tests.live import LiveServer, points, run_processes, wait_for
 
 FINAL = {"succeeded", "failed", "stopped", "lost"}
@@ -52,7 +52,7 @@ def finished_runs_with_loss(server: LiveServer, lows: dict[str, float]) -> dict[
     made = {}
     try:
         for name, low in lows.items():
-            spec = RunCreate(name=name).model_dump(exclude={"allow_low_disk"})
+            spec = {**RunCreate(name=name).columns(), "config": RunCreate().config()}  # options: a config document
             with engine.begin() as db:
                 run_id = db.execute(insert(Run).values(**spec, status=RunStatus.running, status_reason="",
                                                        token_hash=hash_token("cli-t0ken"), pid=os.getpid(),

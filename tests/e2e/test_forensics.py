@@ -92,7 +92,7 @@ def test_a_user_script_hung_by_one_rank_is_dumped_through_the_client_alone(serve
     shutil.copy(HANG_SCRIPT, server.root / "shared" / "hang_script.py")
     with server.api() as api:
         run = create(api, script="hang_script.py")
-        assert_rank_1_named(api, run["id"], "hang_script.py:13 in wait_for_data")
+        assert_rank_1_named(api, run["id"], "hang_script.py:12 in wait_for_data")
 
 
 def training(api: httpx.Client, run_id: int) -> bool:

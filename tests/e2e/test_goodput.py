@@ -18,11 +18,12 @@ from tests.live import LiveServer, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
 
-# Small batches: 1,024 steps an epoch per rank, several seconds here, so the kill lands in epoch 2 well after its
-# first checkpoint, and the stop later in the same epoch, after the restart.
-OPTIONS: dict[str, Any] = {"workload": "mlp", "epochs": 2, "batch_size": 32, "seed": 3, "checkpoint_every": 1,
+# Small batches: 2,048 steps an epoch per rank, several seconds here, so the kill lands in epoch 2 well after its
+# first checkpoint, and the stop later in the same epoch, after the restart. (At 1,024 a loaded machine, whose reported
+# step lags the ranks' by up to a report interval, once saw the run finish before the stop reached it.)
+OPTIONS: dict[str, Any] = {"workload": "mlp", "epochs": 2, "batch_size": 16, "seed": 3, "checkpoint_every": 1,
                            "checkpoint_unit": "epoch", "max_restarts": 1}  # fmt: skip
-STEPS_PER_EPOCH = 1024
+STEPS_PER_EPOCH = 2048
 ODD_GPU = "1:gpu=NVIDIA H100 80GB HBM3"
 
 

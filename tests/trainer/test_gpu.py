@@ -211,8 +211,9 @@ def test_cuda_visible_devices_picks_gpus_by_index_or_uuid_and_ends_where_cuda_wo
 
 
 def test_sampling_starts_only_on_local_rank_0_inside_a_run_and_at_most_once_a_second(tmp_path: Path) -> None:
-    assert gpu.start_sampling(environ={"LOCAL_RANK": "1"}) is None
-    assert gpu.start_sampling(environ={"LOCAL_RANK": "0"}) is None  # no RANKBOARD_RUN_ID here: not a dashboard run
+    reporter = Reporter("http://127.0.0.1:1", "1", TOKEN, tmp_path, start=False)
+    assert gpu.start_sampling(reporter, environ={"LOCAL_RANK": "1"}) is None
+    assert gpu.start_sampling(None, environ={"LOCAL_RANK": "0"}) is None  # no reporter: not in a dashboard run
     assert gpu.sample_interval({gpu.ENV_SAMPLE_S: "0.2"}) == gpu.MIN_SAMPLE_S
     assert gpu.sample_interval({gpu.ENV_SAMPLE_S: "5"}) == 5.0
     assert gpu.sample_interval({gpu.ENV_SAMPLE_S: "often"}) == gpu.DEFAULT_SAMPLE_S

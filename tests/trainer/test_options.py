@@ -131,3 +131,19 @@ def test_the_choices_are_the_wires() -> None:
                           ("precision", wire.PRECISIONS), ("checkpoint_unit", wire.CHECKPOINT_UNITS)):  # fmt: skip
         for choice in choices:
             assert getattr(TrainConfig(**{name: choice}), name) == choice
+
+
+def test_each_bound_is_checked_and_shown_in_the_help_as_one() -> None:
+    """A field's bounds are data its check and its help both read, so the two cannot say different things; the three
+    options the server once bounded otherwise (seed, warmup_steps, grad_clip) are bounded like it now."""
+    help_text = " ".join(TrainConfig.argument_parser().format_help().split())
+    for name, inside, outside, shown in [
+        ("seed", 2**31 - 1, 2**31, ">= 0 and <= 2147483647"),
+        ("warmup_steps", 1_000_000_000, 1_000_000_001, ">= 0 and <= 1000000000"),
+        ("grad_clip", 1e6, 1e6 + 1, ">= 0 and <= 1000000.0"),
+        ("epochs", 100_000, 100_001, ">= 1 and <= 100000"),
+    ]:
+        assert getattr(TrainConfig(**{name: inside}), name) == inside
+        with pytest.raises(ValueError, match=rf"^{name} must be .* {shown.split()[-1]}, got"):
+            TrainConfig(**{name: outside})
+        assert shown in help_text, name

@@ -209,7 +209,7 @@ def test_finished_leaves_the_marker_the_dashboard_judges_a_script_by(
     torchrun's exit code says afterwards (gloo's rare abort at exit)."""
     from rankboard import report
 
-    from app.services.runs import final_status
+    from app.services.lifecycle.tick import final_status
 
     monkeypatch.delenv(wire.ENV_RUN_DIR, raising=False)
     report.finished()  # outside a run: nothing, anywhere

@@ -384,7 +384,8 @@ def show_run(run: dict[str, Any], args: argparse.Namespace) -> int:
     loss = f", final loss {run['final_loss']:.4g}" if isinstance(run.get("final_loss"), float) else ""
     print(f"run {run['id']} {run['name']}: {run['status']} ({run['status_reason'] or 'no reason given'})")
     created = run["created_at"][:16].replace("T", " ")  # the API's UTC time, to the minute
-    print(f"  step {run['step']}{total}, epoch {run['epoch']}/{run['epochs']}{loss}; created {created} UTC")
+    epochs = run.get("epochs") or "?"  # none for a script's run, or one launched elsewhere
+    print(f"  step {run['step']}{total}, epoch {run['epoch']}/{epochs}{loss}; created {created} UTC")
     return 0
 
 

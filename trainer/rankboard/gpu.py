@@ -2,8 +2,8 @@
 
 The trainer starts it once on each node's local rank 0, after the reporter is usable:
 
-    from rankboard import gpu
-    sampler = gpu.start_sampling()  # None on other local ranks and outside a dashboard run
+    from rankboard import gpu, report
+    sampler = gpu.start_sampling(report.default_reporter())  # None on other local ranks and outside a dashboard run
     ...
     if sampler is not None:
         sampler.stop()  # optional: it is a daemon thread
@@ -385,20 +385,14 @@ def sample_interval(environ: Mapping[str, str] = os.environ) -> float:
 
 
 def start_sampling(
-    reporter: Sink | None = None, *, host: str | None = None, environ: Mapping[str, str] = os.environ
+    reporter: Sink | None, *, host: str | None = None, environ: Mapping[str, str] = os.environ
 ) -> GpuSampler | None:
-    """Starts sampling this node's GPUs into the run; only on local rank 0, and only inside a dashboard run.
-
-    `reporter` defaults to the process's own (`report.default_reporter()`); returns None where nothing samples.
+    """Starts sampling this node's GPUs into `reporter`'s run; only on local rank 0, and only inside a dashboard run
+    (`reporter` None: the process's own, `report.default_reporter()`, said it is in none). Returns None where nothing
+    samples. The reporter comes from the caller: the client imports this module, never the other way round.
     """
-    if environ.get("LOCAL_RANK", "0") != "0":
+    if environ.get("LOCAL_RANK", "0") != "0" or reporter is None:
         return None
-    if reporter is None:
-        from . import report  # here, so that the server can use this module without the client
-
-        reporter = report.default_reporter()
-        if reporter is None:
-            return None
     sampler = GpuSampler(
         reporter,
         host=host,

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 
 from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus
+from app.launcher.launchers import kind
 from app.services import logs, runs
 from app.web.api import logs as logs_api
 from app.web.deps import FoldersDep, SessionDep
@@ -30,7 +31,7 @@ TAIL_LINES = 200
 def logs_panel(request: Request, run_id: RunId, db: SessionDep, folders: FoldersDep) -> HTMLResponse:
     """The panel: rank and stream choices, the filter, and what went wrong; its script starts the live tail."""
     run = runs.get_run(db, run_id=run_id)
-    context = panel_context(run, folders=folders, world_size=runs.world_size(run))
+    context = panel_context(run, folders=folders, world_size=kind(run.launcher).ranks(run))
     return HTMLResponse(render_block(request.app.state.templates, "_logs.html", "panel", context))
 
 
@@ -44,7 +45,7 @@ def panel_context(run: Run, *, folders: RunFolders, world_size: int) -> dict[str
     return {
         "run": run, "panel": True, "ranks": ranks, "sizes": {(f.rank_name, f.stream): f.size for f in files},
         "guessed": {f.rank for f in files if f.rank_guessed}, "diagnoses": found,
-        "launcher_name": launcher.name if launcher else "",
+        "launcher_name": launcher.name if launcher else "", "launcher_label": kind(run.launcher).output_label(run),
         "explain": bool(found) or run.status in (RunStatus.failed, RunStatus.lost),
         "rank": rank, "stream": stream,
     }  # fmt: skip
@@ -78,7 +79,7 @@ async def _log_events(request: Request, run_id: int, follower: logs.LogFollower)
             update = logs.follow(follower, run, folders=folders)
             if not update.done:
                 return update, None
-            context = panel_context(run, folders=folders, world_size=runs.world_size(run))
+            context = panel_context(run, folders=folders, world_size=kind(run.launcher).ranks(run))
             return update, render_block(request.app.state.templates, "_logs.html", "explain", context)
 
     while not await request.is_disconnected():

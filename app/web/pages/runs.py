@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
@@ -10,27 +9,21 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from fastapi.templating import Jinja2Templates
 
 from app.core.errors import FieldInvalid, FormInvalid, LoginThrottled, RankboardError
-from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus
-from app.core.settings import Settings
-from app.launcher.launchers import Launchers
+from app.launcher.launchers import Launchers, kind
 from app.schemas.runs import RunCreate
 from app.services import (
-    alerts,
     checkpoints,
-    files,
-    goodput,
     health,
     host,
     metrics,
-    run_charts,
     runs,
     runs_table,
     storage,
 )
-from app.services import findings as found
 from app.services import forensics as dumps
 from app.services import runs_table_query as run_query
+from app.services.run_page import RunPageView, run_page_view
 from app.services.sweeps import start_sweep as queue_sweep
 from app.web.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
 from app.web.forms import as_form_text, parse_run_form, run_form_groups
@@ -110,7 +103,7 @@ def runs_page(
         "any_status": {key: value for key, value in run_query.as_params(view).items() if key != "status"},
         "fields": run_query.FIELDS,
         "durations": {run.id: runs.elapsed(run) for run in items},  # None until started; up to now while live
-        "stalled": {run.id for run in items if health.not_progressing(run, stall_after_s=settings.stall_after_s)},
+        "stalled": {run.id for run in items if health.not_progressing(db, run, stall_after_s=settings.stall_after_s)},
         "total": total,
         "status": status,
         "page_number": page_number,
@@ -135,7 +128,8 @@ def new_run_page(
 
 
 def run_options(run: Run) -> dict[str, str]:
-    return as_form_text({name: getattr(run, name) for name in RunCreate.model_fields if hasattr(run, name)})
+    """ "New run like this": the form filled with what the run had; the options it never had keep their defaults."""
+    return as_form_text(RunCreate.values_of(run))
 
 
 def new_run_form(
@@ -172,13 +166,10 @@ def create_run(
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: RunId, db: SessionDep, folders: FoldersDep, settings: SettingsDep) -> Response:
     """The run page; its `charts` fragment alone for the page's script when a new metric key arrives."""
-    run = runs.get_run(db, run_id=run_id)
-    charts = run_charts.run_charts(db, run=run)
+    view = run_page_view(db, run_id=run_id, folders=folders, settings=settings)
     if request.headers.get("HX-Target") == "charts":
-        return HTMLResponse(render_block(templates_of(request), "run.html", "charts", {"run": run, "charts": charts}))
-    deliveries = alerts.run_deliveries(db, run_id=run.id)
-    return page(request, "run.html", {**run_context(run, folders, settings), "charts": charts,
-                                      "alert_deliveries": deliveries})  # fmt: skip
+        return HTMLResponse(render_block(templates_of(request), "run.html", "charts", view_context(view)))
+    return page(request, "run.html", view_context(view))
 
 
 @router.post("/runs/{run_id}/stop")
@@ -188,13 +179,14 @@ def stop_run(
     db: SessionDep,
     launchers: LaunchersDep,
     folders: FoldersDep,
+    settings: SettingsDep,
     caller: CallerDep,
     hx: HtmxRequest = None,
 ) -> Response:
-    run = runs.stop_run(db, run_id=run_id, launchers=launchers, actor=caller.name)
+    runs.stop_run(db, run_id=run_id, launchers=launchers, actor=caller.name)
     if hx:
-        context = run_context(run, folders, request.app.state.settings)
-        return HTMLResponse(render_block(templates_of(request), "run.html", "status", context))
+        view = run_page_view(db, run_id=run_id, folders=folders, settings=settings)
+        return HTMLResponse(render_block(templates_of(request), "run.html", "status", view_context(view)))
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
@@ -246,10 +238,9 @@ def delete_checkpoints(
     caller: CallerDep,
     name: CheckpointNames = None,
 ) -> Response:
-    run, _deletion = checkpoints.delete_run_checkpoints(
-        db, run_id=run_id, names=name, dry_run=False, folders=folders, actor=caller.name
-    )
-    return HTMLResponse(render_block(templates_of(request), "run.html", "files", run_context(run, folders, settings)))
+    checkpoints.delete_run_checkpoints(db, run_id=run_id, names=name, dry_run=False, folders=folders, actor=caller.name)
+    view = run_page_view(db, run_id=run_id, folders=folders, settings=settings)
+    return HTMLResponse(render_block(templates_of(request), "run.html", "files", view_context(view)))
 
 
 @router.get("/host", response_class=HTMLResponse)
@@ -311,40 +302,21 @@ def run_stream(
 
 def run_fragments(request: Request, run_id: int) -> Fragments:
     """The run page's live fragments, as its stream sends them."""
-    templates = templates_of(request)
-    with request.app.state.sessions() as session:  # rendering reads the run's events: keep the session open
-        run = runs.get_run(session, run_id=run_id)
-        context = run_context(run, request.app.state.folders, request.app.state.settings)
-        return Fragments(
-            render_block(templates, "run.html", "status", context),
-            render_block(templates, "run.html", "files", context),
-            render_block(templates, "run.html", "output", context),
-            run.status.is_final,
-        )
+    state = request.app.state
+    with state.sessions() as session:
+        view = run_page_view(session, run_id=run_id, folders=state.folders, settings=state.settings)
+    context = view_context(view)  # rendered with the session closed: the view needs no database
+    return Fragments(
+        render_block(state.templates, "run.html", "status", context),
+        render_block(state.templates, "run.html", "files", context),
+        render_block(state.templates, "run.html", "output", context),
+        view.run.status.is_final,
+    )
 
 
-def run_context(run: Run, folders: RunFolders, settings: Settings) -> dict[str, Any]:
-    """What the run page and its fragments show."""
-    elapsed = runs.elapsed(run)
-    progress = health.assess_now(run, stall_after_s=settings.stall_after_s)
-    moving = run.status == RunStatus.running and progress.state == "ok"
-    eta = None  # only while it trains and moves: a stalled, stopping or waiting run will not end at its pace so far
-    if elapsed is not None and 0 < run.step < run.total_steps and moving:
-        eta = elapsed * ((run.total_steps - run.step) / run.step)
-    # While the health box tells the stall live, its event's words (frozen at the time) would only repeat it.
-    told = progress.state != "ok" and run.status_reason.startswith(health.NOT_PROGRESSING)
-    return {
-        "run": run, "elapsed": elapsed, "eta": eta, "health": progress, "reason": "" if told else run.status_reason,
-        "percent": 100 * run.step / run.total_steps if run.total_steps else 0,
-        "outputs": [o for o in files.rank_outputs(run, folders=folders) if o.lines],
-        "job_script": files.job_script(run, folders=folders),
-        "checkpoints": checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric),
-        "removals": checkpoints.removals(run, folders=folders),
-        "checkpoint_dir": folders.checkpoint_dir(run), "grace": timedelta(seconds=settings.stop_grace_s),
-        "dump": dumps.latest_dump(run, folders=folders, world_size=runs.world_size(run)),
-        "findings": found.loaded_run_findings(run),
-        **goodput.page_context(run, folders=folders),
-    }  # fmt: skip
+def view_context(view: RunPageView) -> dict[str, Any]:
+    """run.html's context: the view, and its run by the short name every part of the page reads it by."""
+    return {"view": view, "run": view.run, "launcher": kind(view.run.launcher)}  # what its kind of run offers
 
 
 def error_page(request: Request, exc: RankboardError) -> Response:
