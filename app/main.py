@@ -34,18 +34,30 @@ from app.services.host import HostSampler
 from app.services.metrics import IngestCounters
 from app.web.api import alerts as alerts_api
 from app.web.api import charts as charts_api
-from app.web.api import exposition, guarded, health, with_security
+from app.web.api import comm as comm_api
+from app.web.api import exposition as exposition_api
 from app.web.api import files as files_api
 from app.web.api import forensics as forensics_api
 from app.web.api import goodput as goodput_api
+from app.web.api import guarded, with_security
 from app.web.api import host as host_api
+from app.web.api import mfu as mfu_api
+from app.web.api import preflight as preflight_api
 from app.web.api import runs as runs_api
 from app.web.api import runs_table as runs_table_api
+from app.web.api import server as server_api
+from app.web.api import sweeps as sweeps_api
 from app.web.api import users as users_api
 from app.web.guard import AuthSwitch, Guard
+from app.web.pages import alerts as alerts_pages
+from app.web.pages import docs as docs_pages
+from app.web.pages import files as files_pages
+from app.web.pages import forensics as forensics_pages
+from app.web.pages import host as host_pages
 from app.web.pages import logs as logs_pages
-from app.web.pages import runs as pages
+from app.web.pages import runs as runs_pages
 from app.web.pages import runs_table as runs_table_pages
+from app.web.pages import sweeps as sweeps_pages
 from app.web.pages import users as users_pages
 from app.web.stream import SharedFragments
 from app.web.templating import make_templates
@@ -111,22 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(Guard, settings=settings, sessions=sessions, switch=switch, refuse=_error_response)
     app.add_exception_handler(RankboardError, _error_response)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
-    app.include_router(health.router)
-    app.include_router(host_api.router, responses=guarded())
-    app.include_router(runs_api.router, responses=guarded())
-    app.include_router(runs_table_api.router, responses=guarded())
-    app.include_router(forensics_api.router, responses=guarded())
-    app.include_router(goodput_api.router, responses=guarded())
-    app.include_router(charts_api.router, responses=guarded())
-    app.include_router(files_api.router, responses=guarded())
-    app.include_router(logs_pages.router, responses=guarded())  # the run page's log panel and the logs API
-    app.include_router(users_api.router, responses=guarded())
-    app.include_router(alerts_api.router, responses=guarded())
-    if settings.prometheus:
-        app.include_router(exposition.router, responses=guarded())
-    app.include_router(users_pages.router)
-    app.include_router(runs_table_pages.router)
-    app.include_router(pages.router)
+    _include_routes(app, prometheus=settings.prometheus)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_exception_handler(405, _method_not_allowed)  # type: ignore[arg-type]
     document = app.openapi
@@ -134,11 +131,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+def _include_routes(app: FastAPI, *, prometheus: bool) -> None:
+    """The API's routers and the pages', each by its subject; the API documents what the guard may answer first."""
+    app.include_router(server_api.router)
+    for subject in (host_api, runs_api, runs_table_api, forensics_api, goodput_api, comm_api, preflight_api, mfu_api,
+                    sweeps_api, charts_api, files_api):  # fmt: skip
+        app.include_router(subject.router, responses=guarded())
+    app.include_router(logs_pages.router, responses=guarded())  # the run page's log panel and the logs API
+    app.include_router(users_api.router, responses=guarded())
+    app.include_router(alerts_api.router, responses=guarded())
+    if prometheus:
+        app.include_router(exposition_api.router, responses=guarded())
+    for pages in (users_pages, alerts_pages, runs_table_pages, runs_pages, forensics_pages, sweeps_pages, host_pages,
+                  files_pages, docs_pages):  # fmt: skip
+        app.include_router(pages.router)
+
+
 def _error_response(request: Request, exc: RankboardError) -> Response:
     """Domain errors as JSON under /api (a 422 shaped like FastAPI's validation errors, naming the field and where it
     was: path, query, header or body), else as a page."""
     if not request.url.path.startswith("/api"):
-        return pages.error_page(request, exc)
+        return runs_pages.error_page(request, exc)
     if isinstance(exc, LoginThrottled):
         return JSONResponse({"detail": exc.message}, exc.status_code, headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, FieldInvalid):
@@ -173,7 +186,7 @@ async def _invalid_request(request: Request, exc: RequestValidationError) -> Res
         return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
     error = exc.errors()[0]
     field = next((str(part) for part in reversed(error["loc"]) if isinstance(part, str)), "request")
-    return pages.error_page(request, FieldInvalid(field, f"{field}: {error['msg']}"))
+    return runs_pages.error_page(request, FieldInvalid(field, f"{field}: {error['msg']}"))
 
 
 def _json_safe(value: Any) -> Any:

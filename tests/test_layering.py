@@ -4,10 +4,18 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import pkgutil
 import sys
+import typing
 from pathlib import Path
 
 import tomllib
+from fastapi.routing import APIRoute
+from starlette.responses import Response
+
+from app.web import api as web_api
+from app.web import pages as web_pages
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT = "trainer/rankboard/"
@@ -146,6 +154,109 @@ def test_a_circle_through_an_import_inside_a_function_is_found(tmp_path: Path) -
     (package / "c.py").write_text("import app.things.a\n")
     (package / "d.py").write_text("from app.things.a import x\n")  # imports into the circle, is not part of it
     assert circles(import_graph(tmp_path, ("app",))) == [["app.things.a", "app.things.b", "app.things.c"]]
+
+
+# app/'s folders (and its two top modules), lowest first; the folders of one rank know nothing of each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("",),  # app/__init__.py: the version, nothing else
+    ("core",),
+    ("schemas",),
+    ("store", "launcher", "auth"),
+    ("services",),
+    ("workers", "web"),
+    ("main",),
+    ("cli",),
+)
+
+
+def layer(module: str) -> str:
+    """The folder of app/ a module is in (`app.services.lifecycle.tick`: services), or main, cli; "" for `app`."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def rank(module: str) -> int:
+    """Its layer's place in LAYERS, lowest 0; -1 for a folder that LAYERS does not place."""
+    return next((i for i, names in enumerate(LAYERS) if layer(module) in names), -1)
+
+
+def imports_up(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Per module, what it imports from a layer above its own, or from another folder of its own rank."""
+    found = {}
+    for module, imported in graph.items():
+        wrong = {other for other in imported if layer(other) != layer(module) and rank(other) >= rank(module)}
+        if wrong:
+            found[module] = wrong
+    return found
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    """app/ imports downward only: app (its version) < core < schemas < store, launcher, auth < services < workers,
+    web < main < cli. The store runs SQL over core's models; launchers own processes; auth decides who may; services
+    decide, with the store, the launchers and auth; workers (the supervisor's tick) and web (routes, pages) call
+    services; main builds the app from all of them, and cli serves it. An import inside a function counts."""
+    graph = import_graph(REPO, ("app",))
+    assert {module for module in graph if rank(module) < 0} == set(), "a new folder of app/ needs its place in LAYERS"
+    assert imports_up(graph) == {}
+
+
+def test_an_import_up_the_layers_is_found(tmp_path: Path) -> None:
+    for folder in ("core", "services", "store", "launcher"):
+        (tmp_path / "app" / folder).mkdir(parents=True)
+        (tmp_path / "app" / folder / "__init__.py").write_text("")
+    (tmp_path / "app" / "services" / "runs.py").write_text("from app.core import models\n")  # down: fine
+    (tmp_path / "app" / "core" / "models.py").write_text("def later():\n    from app.services import runs\n")
+    (tmp_path / "app" / "store" / "runs.py").write_text("import app.launcher\n")  # a sibling of its own rank
+    assert imports_up(import_graph(tmp_path, ("app",))) == {
+        "app.core.models": {"app.services", "app.services.runs"},
+        "app.store.runs": {"app.launcher"},
+    }
+
+
+def type_leaves(annotation: object) -> list[object]:
+    """The classes an annotation names: `list[A] | None` is [A, NoneType]."""
+    args = typing.get_args(annotation)
+    return [leaf for arg in args for leaf in type_leaves(arg)] if args else [annotation]
+
+
+def api_routes() -> list[APIRoute]:
+    """Every documented route of the API, from the routers of app/web/api/ and app/web/pages/ (the logs API is
+    registered with the log pages)."""
+    found = []
+    for package in (web_api, web_pages):
+        for info in pkgutil.iter_modules(package.__path__):
+            router = getattr(importlib.import_module(f"{package.__name__}.{info.name}"), "router", None)
+            found += [r for r in getattr(router, "routes", []) if isinstance(r, APIRoute) and r.include_in_schema]
+    return found
+
+
+def test_every_api_answer_is_a_shape_of_app_schemas() -> None:
+    """One home per shape: a route's response model is a model of app/schemas/, and what it returns is that model, a
+    database row the model reads, or a plain Response; never a service's own dataclass, nor a model written beside
+    the route."""
+    wrong = {}
+    for route in api_routes():
+        models = type_leaves(route.response_model)
+        returned = type_leaves(typing.get_type_hints(route.endpoint).get("return"))
+        bad = [m for m in models if m is not None and not (_a_schema(m) or _module(m) == "builtins")]
+        bad += [t for t in returned if not _answerable(t)]
+        if bad:
+            wrong[f"{sorted(route.methods)} {route.path}"] = bad
+    assert wrong == {}
+
+
+def _module(kind: object) -> str:
+    return str(getattr(kind, "__module__", ""))
+
+
+def _a_schema(kind: object) -> bool:
+    return _module(kind).startswith("app.schemas.")
+
+
+def _answerable(kind: object) -> bool:
+    """A shape of app/schemas/, a database row or a builtin (str, None) a response model reads, or a Response."""
+    if isinstance(kind, type) and issubclass(kind, Response):
+        return True
+    return _a_schema(kind) or _module(kind) in ("app.core.models", "builtins")
 
 
 # Objects other than runs whose `status` the services set (an alert's delivery).

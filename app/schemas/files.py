@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import (
-    BaseModel,
-)
+from pydantic import BaseModel
 
 
 class DiskOut(BaseModel):
@@ -16,8 +14,10 @@ class DiskOut(BaseModel):
 
 
 class EntryOut(BaseModel):
+    """One item of a folder listing; `size` of a folder is the sum below it (`size_complete` False if capped)."""
+
     name: str
-    path: str
+    path: str  # relative to the shared root, with "/" separators
     is_dir: bool
     size: int
     size_complete: bool

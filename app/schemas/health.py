@@ -1,4 +1,5 @@
-"""A running run's health: which ranks stalled, whether their GPUs spin, each rank's last heartbeat."""
+"""A running run's health: which ranks stalled, whether their GPUs spin, each rank's last heartbeat. The answers
+app/services/health.py builds, for the API and the run page alike."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.schemas.forensics import StragglerOut
+
+HealthState = Literal["ok", "not_progressing", "hung_collective"]
 
 
 class StalledRankOut(BaseModel):
@@ -45,7 +48,7 @@ class RankOut(BaseModel):
 class HealthOut(BaseModel):
     """Whether a running run progresses; "ok" for a run in any other state."""
 
-    state: Literal["ok", "not_progressing", "hung_collective"]
+    state: HealthState
     message: str = Field(description="The sentence a person reads; empty when ok.")
     stalled: list[StalledRankOut]
     behind: list[int] = Field(description="Ranks whose last step is below the highest rank's.")

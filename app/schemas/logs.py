@@ -30,6 +30,8 @@ class TailOut(BaseModel):
 
 
 class DiagnosisOut(BaseModel):
+    """One recognised failure: what it is, its likely cause, what to do, and the line that gave it away."""
+
     kind: str = Field(description="slurm_oom, slurm_node_failure, slurm_time_limit, slurm_preempted, "
                       "slurm_cancelled (Slurm's lines in its output file), cuda_oom, desync, peer_lost (a rank "
                       "failed because another stopped first), nccl_timeout, no_space, not_torchrun, address_in_use "
@@ -45,3 +47,11 @@ class DiagnosisOut(BaseModel):
                                  "output. It differs from `rank` where torch's `[rank<n>]:` prefix names another, "
                                  "as in a --tee copy.")  # fmt: skip
     stream: str = Field(description="That log's stream: stdout or stderr (the launcher's output is one file, stdout).")
+
+
+class RankOutput(BaseModel):
+    """The last lines one rank wrote to stdout or stderr."""
+
+    rank: int
+    stream: str
+    lines: list[str]

@@ -31,6 +31,8 @@ class UserOut(BaseModel):
 
 
 class NewUserOut(BaseModel):
+    """A user just added, and the password made for them (null when one was given): shown once, never stored."""
+
     name: str
     role: Role
     password: str | None = Field(description="The password made for the user, shown this once; null if given.")
@@ -57,3 +59,7 @@ class TokenOut(BaseModel):
         return cls(id=token.id, name=token.name, role=token.role, owner=token.user.name if token.user else None,
                    created_at=token.created_at, expires_at=token.expires_at, last_used_at=token.last_used_at,
                    revoked_at=token.revoked_at)  # fmt: skip
+
+
+class NewTokenOut(TokenOut):
+    token: str = Field(description="Send it as `Authorization: Bearer <token>`; shown this once, stored hashed.")

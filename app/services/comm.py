@@ -7,12 +7,12 @@ dominates, and a larger batch per process, gradient accumulation or fewer GPUs w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from statistics import fmean
 
 from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
+from app.schemas.comm import CommShare
 from app.store import comm as comm_store
 from app.store import runs as run_store
 
@@ -21,39 +21,24 @@ DOMINATES = 0.30
 KEYS = ("rank/comm_ms", "rank/step_ms", "rank/allreduce_ms", "rank/backward_ms", "rank/optimizer_ms", "rank/buckets")
 
 
-@dataclass(frozen=True)
-class CommShare:
-    """Means over the ranks, per step, of the last WINDOW_STEPS steps; `share` is exposed communication's part."""
+def dominates(share: CommShare) -> bool:
+    """Whether communication takes DOMINATES or more of the step."""
+    return share.share >= DOMINATES
 
-    share: float
-    comm_ms: float  # exposed: the step waited for it
-    step_ms: float
-    allreduce_ms: float  # launch to completion, summed over buckets; what exceeds comm_ms hid behind backward
-    backward_ms: float
-    optimizer_ms: float
-    buckets: float
-    ranks: int
-    per_rank: dict[int, float]  # each rank's share
 
-    @property
-    def dominates(self) -> bool:
-        """Whether communication takes DOMINATES or more of the step."""
-        return self.share >= DOMINATES
-
-    @property
-    def sentence(self) -> str:
-        """What the run page says, with the numbers."""
-        numbers = (
-            f"{self.comm_ms:.1f} ms exposed all-reduce of a {self.step_ms:.1f} ms step, mean of {self.ranks} "
-            f"rank{'s' if self.ranks != 1 else ''} over the last {WINDOW_STEPS} steps; {self.allreduce_ms:.1f} ms "
-            f"of all-reduce in {self.buckets:g} bucket{'s' if self.buckets != 1 else ''} per step, "
-            f"{max(0.0, self.allreduce_ms - self.comm_ms):.1f} ms of it hidden behind backward "
-            f"({self.backward_ms:.1f} ms), optimizer {self.optimizer_ms:.1f} ms"
-        )
-        if self.dominates:
-            return (f"{self.share:.0%} of each step waits on all-reduce ({numbers}): a larger batch per process or "
-                    "gradient accumulation would help.")  # fmt: skip
-        return f"{self.share:.0%} of each step waits on all-reduce ({numbers})."
+def sentence(share: CommShare) -> str:
+    """What the run page says of it, with the numbers."""
+    numbers = (
+        f"{share.comm_ms:.1f} ms exposed all-reduce of a {share.step_ms:.1f} ms step, mean of {share.ranks} "
+        f"rank{'s' if share.ranks != 1 else ''} over the last {WINDOW_STEPS} steps; {share.allreduce_ms:.1f} ms "
+        f"of all-reduce in {share.buckets:g} bucket{'s' if share.buckets != 1 else ''} per step, "
+        f"{max(0.0, share.allreduce_ms - share.comm_ms):.1f} ms of it hidden behind backward "
+        f"({share.backward_ms:.1f} ms), optimizer {share.optimizer_ms:.1f} ms"
+    )
+    if dominates(share):
+        return (f"{share.share:.0%} of each step waits on all-reduce ({numbers}): a larger batch per process or "
+                "gradient accumulation would help.")  # fmt: skip
+    return f"{share.share:.0%} of each step waits on all-reduce ({numbers})."
 
 
 def comm_share(db: Session, *, run_id: int) -> CommShare | None:

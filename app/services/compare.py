@@ -11,14 +11,14 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import FieldInvalid
 from app.core.models import MetricSummary, Run
+from app.core.option_text import option_text
 from app.core.trainer_options import OPTION_NAMES
 from app.schemas.runs import RunCreate
 from app.schemas.runs_table import ComparedMetricOut, ComparedOptionOut, ComparedRunOut, CompareOut
 from app.services import runs
-from app.services.runs_table_query import NOT_COLUMNS, STATS
 from app.store import metrics as metric_store
 from app.store import runs_table as table_store
-from app.web.forms import as_form_text
+from app.store.runs_table_query import NOT_COLUMNS, STATS
 
 MIN_RUNS, MAX_RUNS = 2, 10
 
@@ -79,7 +79,7 @@ def _options(found: list[Run]) -> list[tuple[str, list[str]]]:
 
 def _text(value: object) -> str:
     nested = isinstance(value, dict | list) and any(isinstance(v, dict | list) for v in _items(value))
-    return json.dumps(value) if nested else as_form_text({"value": value})["value"]
+    return json.dumps(value) if nested else option_text(value)
 
 
 def _items(value: dict[str, object] | list[object]) -> list[object]:

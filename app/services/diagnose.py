@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from app.schemas.logs import DiagnosisOut
 
 
 @dataclass(frozen=True)
@@ -24,24 +26,6 @@ class LogText:
     stream: str
     text: str
     modified: float = 0.0
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """One recognised failure: what it is, its likely cause, what to do, and the line that gave it away."""
-
-    kind: str
-    title: str
-    cause: str
-    advice: str
-    rank: int | None
-    line: str
-    ranks: list[int] = field(default_factory=list)  # every rank whose log shows it, the first to fail first
-    traceback: str | None = None
-    # The log it was seen in: the rank of the file (None for the launcher's output) and its stream. `rank` differs
-    # where torch's "[rank<n>]:" names another, as in a --tee copy in the launcher's output.
-    log_rank: int | None = None
-    stream: str = "stdout"
 
 
 @dataclass(frozen=True)
@@ -204,7 +188,7 @@ class Output:
     tracebacks: list[Traceback]
 
 
-def diagnose(logs: Sequence[LogText]) -> list[Diagnosis]:
+def diagnose(logs: Sequence[LogText]) -> list[DiagnosisOut]:
     """Every known failure found in `logs`: Slurm's first, then by the rank that failed first."""
     ordered = _first_failure_first(_outputs_of(logs), root_cause_ranks(logs))
     found = [match for pattern in PATTERNS if (match := _match(pattern, ordered)) is not None]
@@ -214,7 +198,7 @@ def diagnose(logs: Sequence[LogText]) -> list[Diagnosis]:
     return [diagnosis for _, diagnosis in found]
 
 
-def _match(pattern: Pattern, ordered: Sequence[Output]) -> tuple[int, Diagnosis] | None:
+def _match(pattern: Pattern, ordered: Sequence[Output]) -> tuple[int, DiagnosisOut] | None:
     """The first line `pattern` matches in the ordered outputs (with its traceback when it ends one), and where."""
     hits = []
     for i, output in enumerate(ordered):
@@ -230,7 +214,7 @@ def _match(pattern: Pattern, ordered: Sequence[Output]) -> tuple[int, Diagnosis]
                          traceback)  # fmt: skip
 
 
-def _exception(ordered: Sequence[Output]) -> tuple[int, Diagnosis] | None:
+def _exception(ordered: Sequence[Output]) -> tuple[int, DiagnosisOut] | None:
     """The last traceback of the output that failed first, unless a pattern explains it; an earlier one in the same
     output was survived."""
     first = next(((i, output) for i, output in enumerate(ordered) if output.tracebacks), None)
@@ -250,8 +234,9 @@ def _exception(ordered: Sequence[Output]) -> tuple[int, Diagnosis] | None:
 
 def _diagnosis(
     kind: str, title: str, cause: str, advice: str, output: Output, line: str, ranks: list[int], tb: str | None
-) -> Diagnosis:
-    return Diagnosis(kind, title, cause, advice, output.rank, line, ranks, tb, output.log.rank, output.log.stream)
+) -> DiagnosisOut:
+    return DiagnosisOut(kind=kind, title=title, cause=cause, advice=advice, rank=output.rank, line=line, ranks=ranks,
+                        traceback=tb, log_rank=output.log.rank, stream=output.log.stream)  # fmt: skip
 
 
 def root_cause_ranks(logs: Sequence[LogText]) -> set[int]:

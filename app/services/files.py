@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from app.core.folders import RunFolders
 from app.core.models import Run
 from app.launcher.launchers import kind
+from app.schemas.logs import RankOutput
 from app.services import logs
-
-
-@dataclass(frozen=True)
-class RankOutput:
-    """The last lines one rank wrote to stdout or stderr."""
-
-    rank: int
-    stream: str
-    lines: list[str]
 
 
 def rank_outputs(run: Run, *, folders: RunFolders, lines: int = 20) -> list[RankOutput]:
@@ -25,7 +15,7 @@ def rank_outputs(run: Run, *, folders: RunFolders, lines: int = 20) -> list[Rank
     for file in logs.log_files(run, folders=folders):
         if file.rank is not None:
             try:
-                outputs.append(RankOutput(file.rank, file.stream, logs.tail(file.path, lines).lines))
+                outputs.append(RankOutput(rank=file.rank, stream=file.stream, lines=logs.tail(file.path, lines).lines))
             except FileNotFoundError:
                 continue  # deleted since it was listed
     return outputs

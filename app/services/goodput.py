@@ -19,7 +19,7 @@ time between neighbouring parts but never makes the sum wrong.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from rankboard import wire
@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from app.core.errors import RunNotFound
 from app.core.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
 from app.launcher.launchers import kind
+from app.schemas.goodput import Goodput, GoodputPart
 from app.services import health
 from app.store import goodput as goodput_store
 from app.store import runs as run_store
@@ -56,31 +57,6 @@ STARTUP_PHASES = {
 STEP_KEY = "loss"  # the built-in trainer logs it at every step, from rank 0
 SKEW_S = 60.0  # how far a node's clock may be from the server's for a process to count in a launch window
 SUMMARY_LIMIT = 500
-
-
-@dataclass(frozen=True)
-class GoodputPart:
-    """One named share of the whole, in process-seconds."""
-
-    name: str
-    label: str
-    seconds: float
-    share: float  # of the whole, 0..1
-
-
-@dataclass(frozen=True)
-class Goodput:
-    """A run's (or a set of runs') goodput: productive seconds over wall seconds x processes, and the rest named."""
-
-    processes: int
-    wall_s: float
-    total_s: float  # wall_s x processes, summed over runs for a set
-    parts: tuple[GoodputPart, ...]
-    goodput: float | None  # None while nothing is known (the whole is 0)
-    startup_phases: dict[str, float] = field(default_factory=dict)
-    repeated_steps: int = 0
-    itemized: bool = True  # every rank sent a ledger
-    runs: int = 1
 
 
 @dataclass
@@ -172,7 +148,7 @@ def combine(each: list[Goodput]) -> Goodput:
     result = _goodput(seconds, wall=wall, processes=sum(one.processes for one in each), phases=dict(phases),
                       repeated_steps=sum(one.repeated_steps for one in each),
                       itemized=all(one.itemized for one in each))  # fmt: skip
-    return Goodput(**{**result.__dict__, "runs": len(each)})
+    return result.model_copy(update={"runs": len(each)})
 
 
 def _goodput(
@@ -180,13 +156,14 @@ def _goodput(
     itemized: bool,
 ) -> Goodput:  # fmt: skip
     total = sum(seconds.values())
-    parts = tuple(
-        GoodputPart(name, label, seconds[name], seconds[name] / total if total > 0 else 0.0)
+    parts = [
+        GoodputPart(name=name, label=label, seconds=seconds[name], share=seconds[name] / total if total > 0 else 0.0)
         for name, label in PART_LABELS.items()
         if seconds.get(name, 0.0) > 0 or name == "training"
-    )
+    ]
     good = seconds.get("training", 0.0) / total if total > 0 else None
-    return Goodput(processes, wall, total, parts, good, phases, repeated_steps, itemized)
+    return Goodput(processes=processes, wall_s=wall, total_s=total, parts=parts, goodput=good, startup_phases=phases,
+                   repeated_steps=repeated_steps, itemized=itemized)  # fmt: skip
 
 
 def _ledgers(rows: list[tuple[str, int, float | None]]) -> list[_Ledger]:

@@ -8,24 +8,21 @@ wait, their GPUs spin in NCCL's kernels at "100% utilization": the GPU samples t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from statistics import fmean
-from typing import Literal
 
 from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
 from app.core.humanize import duration
 from app.core.models import Run, RunRank, RunStatus, utcnow
-from app.schemas.forensics import StragglerOut
+from app.schemas.health import GpuSpinOut, HealthOut, HealthState, StalledRankOut
 from app.services import dump_requests, findings
 from app.services.lifecycle import transitions
 from app.store import health as health_store
 from app.store import ranks as rank_store
 from app.store import runs as run_store
 
-HealthState = Literal["ok", "not_progressing", "hung_collective"]
 NOT_PROGRESSING = "not progressing"  # how the reasons of the two health events begin; also how they are found
 PROGRESSING_AGAIN = "progressing again"
 
@@ -44,65 +41,34 @@ SPIN_FIELDS = ("util", "power", "power_limit")
 CLOCK_SKEW_S = 5
 
 
-@dataclass(frozen=True)
-class StalledRank:
-    """A rank whose heartbeat went stale: where it was, and since when."""
-
-    rank: int
-    host: str
-    step: int
-    heartbeat_at: datetime
-    silent_s: float
+def _health(state: HealthState, message: str, stalled: list[StalledRankOut] | None = None,
+            behind: list[int] | None = None, gpu: GpuSpinOut | None = None) -> HealthOut:  # fmt: skip
+    return HealthOut(state=state, message=message, stalled=stalled or [], behind=behind or [], gpu=gpu)
 
 
-@dataclass(frozen=True)
-class GpuSpin:
-    """GPUs busy but cool over the last GPU_WINDOW_S: means over the `gpus` of `of` sampled that show it."""
-
-    gpus: int
-    of: int
-    util: float
-    power: float
-    power_limit: float
-
-
-@dataclass(frozen=True)
-class Health:
-    """What the run page and the API say about a run's progress; `message` is the sentence a person reads."""
-
-    state: HealthState
-    message: str
-    stalled: tuple[StalledRank, ...] = ()
-    behind: tuple[int, ...] = ()  # ranks whose last step is below the highest one: the likely culprits
-    gpu: GpuSpin | None = None
-    stragglers: tuple[StragglerOut, ...] = ()  # ranks still slow in data wait or compute (app/services/findings.py)
-
-
-OK = Health("ok", "")
-
-
-def assess(db: Session, run: Run, *, now: datetime, stall_after: timedelta) -> Health:
+def assess(db: Session, run: Run, *, now: datetime, stall_after: timedelta) -> HealthOut:
     """The health of a running run at `now`; "ok" for a run in any other state."""
     if run.status != RunStatus.running:
-        return OK
+        return _health("ok", "")
     rows = rank_store.rank_rows(db, run_id=run.id)
     if not rows:
         return _run_level(run, now=now, stall_after=stall_after)
-    stalled = tuple(
-        StalledRank(row.rank, row.host, row.step, row.heartbeat_at, (now - row.heartbeat_at).total_seconds())
+    stalled = [
+        StalledRankOut(rank=row.rank, host=row.host, step=row.step, heartbeat_at=row.heartbeat_at,
+                       silent_s=(now - row.heartbeat_at).total_seconds())
         for row in rows
         if now - _last_sign(row, run) > stall_after
-    )
+    ]  # fmt: skip
     if not stalled:
-        return OK
+        return _health("ok", "")
     top = max(row.step for row in rows)
-    behind = tuple(row.rank for row in rows if row.step < top)
+    behind = [row.rank for row in rows if row.step < top]
     phrase = _stalled_phrase(stalled, every=len(stalled) == len(rows))
     message = f"Not progressing: {phrase}{_behind_phrase(behind, top)}."
     spin = gpu_spin(db, run_id=run.id, now=now)
     if spin is None:
-        return Health("not_progressing", message, stalled, behind)
-    return Health("hung_collective", f"{message} {_spin_sentence(spin, stalled, behind)}", stalled, behind, spin)
+        return _health("not_progressing", message, stalled, behind)
+    return _health("hung_collective", f"{message} {_spin_sentence(spin, stalled, behind)}", stalled, behind, spin)
 
 
 def _last_sign(row: RunRank, run: Run) -> datetime:
@@ -110,17 +76,17 @@ def _last_sign(row: RunRank, run: Run) -> datetime:
     return max(row.heartbeat_at, run.started_at) if run.started_at else row.heartbeat_at
 
 
-def _run_level(run: Run, *, now: datetime, stall_after: timedelta) -> Health:
+def _run_level(run: Run, *, now: datetime, stall_after: timedelta) -> HealthOut:
     """For a trainer whose ranks send no heartbeats of their own (a script reporting only from rank 0). A script of
     the user's that never reported cannot be judged: its silence is how it runs (the built-in trainer reports)."""
     last = run.heartbeat_at or (None if run.script else run.started_at)
     if last is None or now - last <= stall_after:
-        return OK
-    return Health("not_progressing", f"Not progressing: no report from the trainer for {duration(now - last)} "
-                                     f"(last at step {run.step}).")  # fmt: skip
+        return _health("ok", "")
+    return _health("not_progressing", f"Not progressing: no report from the trainer for {duration(now - last)} "
+                                      f"(last at step {run.step}).")  # fmt: skip
 
 
-def _stalled_phrase(stalled: tuple[StalledRank, ...], *, every: bool) -> str:
+def _stalled_phrase(stalled: list[StalledRankOut], *, every: bool) -> str:
     ranks = "; ".join(f"rank {s.rank} on {s.host} at step {s.step}, silent {duration(s.silent_s)}" for s in stalled)
     if every:
         return f"no rank has reported a new step ({ranks})"
@@ -128,14 +94,14 @@ def _stalled_phrase(stalled: tuple[StalledRank, ...], *, every: bool) -> str:
     return f"{ranks} {verb} reported no new step while the other ranks still move"
 
 
-def _behind_phrase(behind: tuple[int, ...], top: int) -> str:
+def _behind_phrase(behind: list[int], top: int) -> str:
     if not behind:
         return ""
     which = f"rank {behind[0]} is" if len(behind) == 1 else f"ranks {', '.join(map(str, behind))} are"
     return f"; {which} behind the others' step {top}"
 
 
-def _spin_sentence(spin: GpuSpin, stalled: tuple[StalledRank, ...], behind: tuple[int, ...]) -> str:
+def _spin_sentence(spin: GpuSpinOut, stalled: list[StalledRankOut], behind: list[int]) -> str:
     which = "" if spin.gpus == spin.of else f" ({spin.gpus} of {spin.of})"
     suspects = [s for s in stalled if s.rank in behind] or sorted(stalled, key=lambda s: s.heartbeat_at)[:1]
     first = ", ".join(f"rank {s.rank} at step {s.step}" for s in suspects)
@@ -146,7 +112,7 @@ def _spin_sentence(spin: GpuSpin, stalled: tuple[StalledRank, ...], behind: tupl
     )
 
 
-def gpu_spin(db: Session, *, run_id: int, now: datetime) -> GpuSpin | None:
+def gpu_spin(db: Session, *, run_id: int, now: datetime) -> GpuSpinOut | None:
     """The hung-collective signature in the run's GPU samples of the last GPU_WINDOW_S, or None."""
     start = int(now.timestamp()) - GPU_WINDOW_S
     # The samples' steps are the nodes' clocks: a node a little ahead of this server still counts.
@@ -161,7 +127,7 @@ def gpu_spin(db: Session, *, run_id: int, now: datetime) -> GpuSpin | None:
     spinning = [f for f in sampled if _spins(f)]
     if not spinning:
         return None
-    return GpuSpin(
+    return GpuSpinOut(
         gpus=len(spinning),
         of=len(sampled),
         util=fmean(f["util"] for f in spinning),
@@ -200,7 +166,7 @@ def not_progressing(db: Session, run: Run, *, stall_after_s: float) -> bool:
     return assess(db, run, now=utcnow(), stall_after=timedelta(seconds=stall_after_s)).state != "ok"
 
 
-def run_health(db: Session, *, run_id: int, stall_after_s: float) -> Health:
+def run_health(db: Session, *, run_id: int, stall_after_s: float) -> HealthOut:
     """The health of the run with this id, now; raises RunNotFound."""
     run = run_store.get_run(db, run_id)
     if run is None:
@@ -208,5 +174,5 @@ def run_health(db: Session, *, run_id: int, stall_after_s: float) -> Health:
     health = assess(db, run, now=utcnow(), stall_after=timedelta(seconds=stall_after_s))
     if run.status != RunStatus.running:
         return health
-    slow = tuple(straggler for straggler in findings.stragglers(db, run=run) if straggler.ongoing)
-    return replace(health, stragglers=slow)
+    slow = [straggler for straggler in findings.stragglers(db, run=run) if straggler.ongoing]
+    return health.model_copy(update={"stragglers": slow})

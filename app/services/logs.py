@@ -22,7 +22,8 @@ from app.core.models import Run, RunStatus
 from app.launcher.launchers import kind
 from app.launcher.local import latest_launch
 from app.launcher.slurm import AGENT_LOGS
-from app.services.diagnose import Diagnosis, LogText, diagnose, root_cause_ranks
+from app.schemas.logs import DiagnosisOut
+from app.services.diagnose import LogText, diagnose, root_cause_ranks
 
 STREAMS = ("stdout", "stderr")
 LAUNCHER = "launcher"  # the rank segment that names the launcher's own output
@@ -314,10 +315,10 @@ def download(file: LogFile) -> Iterator[bytes]:
             yield chunk
 
 
-SLURM_CANCELLED = "slurm_cancelled"  # the Diagnosis kind of a job cancelled with scancel
+SLURM_CANCELLED = "slurm_cancelled"  # the diagnosis kind of a job cancelled with scancel
 
 
-def diagnoses(run: Run, *, folders: RunFolders) -> list[Diagnosis]:
+def diagnoses(run: Run, *, folders: RunFolders) -> list[DiagnosisOut]:
     """Known failures found in the tails of the run's logs (bounded: DIAGNOSE_BYTES of each file)."""
     texts = [LogText(f.rank, f.stream, _tail_text(f.path), f.modified) for f in log_files(run, folders=folders)]
     found = diagnose([_latest_launch(t) if t.rank is None else t for t in texts])
@@ -325,7 +326,7 @@ def diagnoses(run: Run, *, folders: RunFolders) -> list[Diagnosis]:
     return [d for d in found if not (run.stop_requested_at and d.kind == SLURM_CANCELLED)]
 
 
-def opening_log(run: Run, *, folders: RunFolders, found: Sequence[Diagnosis]) -> tuple[str, str]:
+def opening_log(run: Run, *, folders: RunFolders, found: Sequence[DiagnosisOut]) -> tuple[str, str]:
     """The log (rank as a URL names it, and stream) the panel opens on: where the first failure was seen; for a
     failed run with none recognised, the stderr of the rank torchrun names as its root cause; else rank 0's stdout."""
     if found:

@@ -8,13 +8,12 @@ the FLOP/s without an MFU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from rankboard import wire
 from sqlalchemy.orm import Session
 
 from app.core.models import Run
 from app.launcher.launchers import kind
+from app.schemas.mfu import Mfu
 from app.services import runs
 from app.store import metrics as metric_store
 
@@ -35,19 +34,6 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
 PRECISION_OF = {"bf16": "bf16", "fp16": "fp16", "off": "fp32"}
 
 
-@dataclass(frozen=True)
-class Mfu:
-    """What a run's model FLOPs bought: FLOP/s achieved, and the utilization where the GPU's peak is known."""
-
-    flops_per_sample: float
-    achieved_tflops: float  # over all processes
-    gpu: str | None  # the first GPU's name, as NVML gave it; None on a CPU run
-    precision: str  # bf16, fp16 or fp32
-    peak_tflops: float | None  # per GPU, from PEAK_TFLOPS
-    processes: int
-    mfu: float | None  # 0..1
-
-
 def peak_tflops(gpu: str, precision: str) -> float | None:
     """The dense peak of this GPU model at this precision, or None if the table does not know it."""
     for model, peaks in PEAK_TFLOPS:
@@ -62,7 +48,8 @@ def compute(*, flops_per_sample: float, samples_per_s: float, gpu: str | None, p
     achieved = flops_per_sample * samples_per_s / TERA
     peak = peak_tflops(gpu, precision) if gpu else None
     mfu = achieved / (peak * processes) if peak and processes else None
-    return Mfu(flops_per_sample, achieved, gpu, precision, peak, processes, mfu)
+    return Mfu(flops_per_sample=flops_per_sample, achieved_tflops=achieved, gpu=gpu, precision=precision,
+               peak_tflops=peak, processes=processes, mfu=mfu)  # fmt: skip
 
 
 def run_mfu(db: Session, *, run: Run) -> Mfu | None:

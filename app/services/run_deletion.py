@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
@@ -14,6 +13,7 @@ from sqlalchemy.orm import Session
 from app.core.errors import RunNotActive, RunNotFound
 from app.core.folders import RunFolders
 from app.core.models import MetricSeries, Run, utcnow
+from app.schemas.runs_table import RunDeletionOut, RunFolderOut
 from app.services import runs
 from app.store import audit, chunks
 
@@ -34,49 +34,30 @@ _TIERS = text(
 )
 
 
-@dataclass(frozen=True)
-class RunFolder:
-    path: str  # relative to the shared folder
-    bytes: int
-
-
-@dataclass(frozen=True)
-class DeletionPlan:
-    """What deleting a run removes: its metric points, and (when asked) its folders with their sizes."""
-
-    run_id: int
-    name: str
-    points: int
-    folders: list[RunFolder]
-    deleted: bool = False
-
-    @property
-    def bytes(self) -> int:
-        return sum(folder.bytes for folder in self.folders)
-
-
-def plan(db: Session, *, run_id: int, folders: RunFolders, files: bool) -> DeletionPlan:
+def plan(db: Session, *, run_id: int, folders: RunFolders, files: bool) -> RunDeletionOut:
     """What deleting the run would remove (its folders only with `files`), without removing anything."""
     with db.begin():
         run = runs.get_run(db, run_id=run_id)
         series = db.scalars(select(MetricSeries.id).where(MetricSeries.run_id == run_id)).all()
         points = chunks.count(db, series_ids=series)
-        return DeletionPlan(run.id, run.name, points, _own_folders(run, folders) if files else [])
+        own = _own_folders(run, folders) if files else []
+        return RunDeletionOut(run_id=run.id, name=run.name, points=points, folders=own,
+                              bytes=sum(folder.bytes for folder in own), deleted=False)  # fmt: skip
 
 
-def _own_folders(run: Run, folders: RunFolders) -> list[RunFolder]:
+def _own_folders(run: Run, folders: RunFolders) -> list[RunFolderOut]:
     """The run's log and checkpoint folders that exist, and are real folders inside the shared root's own places."""
     found = []
     for path, parent in ((folders.run_dir(run), "logs"), (folders.checkpoint_dir(run), "checkpoints")):
         if path.is_dir() and not path.is_symlink() and path.resolve().parent == (folders.shared / parent).resolve():
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
-            found.append(RunFolder(str(path.relative_to(folders.shared)), size))
+            found.append(RunFolderOut(path=str(path.relative_to(folders.shared)), bytes=size))
     return found
 
 
 def delete_run(
     db: Session, *, run_id: int, folders: RunFolders, files: bool, actor: str, batch: int = BATCH
-) -> DeletionPlan:
+) -> RunDeletionOut:
     """Deletes a finished run: marks it (it leaves every list at once), then its points and tiers batch by batch,
     then its rows; then its folders if `files`. A run still queued or live is refused: stop it first."""
     deletion = plan(db, run_id=run_id, folders=folders, files=files)
@@ -96,7 +77,7 @@ def delete_run(
         audit.record(db, actor=actor, action="deleted run", detail=what)
     for folder in deletion.folders:  # only with `files`: checked to be the run's own when planned
         shutil.rmtree(folders.shared / folder.path, ignore_errors=True)
-    return DeletionPlan(deletion.run_id, deletion.name, deletion.points, deletion.folders, True)
+    return deletion.model_copy(update={"deleted": True})
 
 
 def delete_runs(

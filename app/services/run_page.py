@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from rankboard import wire
 from sqlalchemy.orm import Session
 
 from app.core.folders import RunFolders
@@ -22,16 +21,20 @@ from app.core.settings import Settings
 from app.launcher.launchers import kind
 from app.schemas.alerts import AlertDeliveryOut
 from app.schemas.checkpoints import CheckpointOut, CheckpointRemoval
+from app.schemas.comm import CommShare
 from app.schemas.forensics import DumpOut, FindingsOut
+from app.schemas.goodput import Goodput
 from app.schemas.health import HealthOut
+from app.schemas.logs import RankOutput
+from app.schemas.mfu import Mfu
+from app.schemas.preflight import Preflight
 from app.schemas.runs import RunDetail
-from app.services import alerts, checkpoints, files, findings, forensics, health, preflight, runs
-from app.services.comm import CommShare, comm_share
-from app.services.files import RankOutput
-from app.services.goodput import STARTUP_PHASES, Goodput, run_goodput
-from app.services.mfu import Mfu, run_mfu
+from app.schemas.sweeps import Sweep
+from app.services import alerts, checkpoints, comm, files, findings, forensics, health, preflight, runs
+from app.services.goodput import STARTUP_PHASES, run_goodput
+from app.services.mfu import run_mfu
 from app.services.run_charts import RunCharts, run_charts
-from app.services.sweeps import Sweep, sweep_of
+from app.services.sweeps import sweep_of
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,10 @@ class Efficiency:
     goodput: Goodput
     startup_labels: Mapping[str, str]  # goodput's start-up phases as a person reads them
     comm: CommShare | None
+    comm_sentence: str  # what the page says of the communication share, with its numbers; "" without one
+    comm_dominates: bool  # communication takes enough of the step that the page says what would help
     mfu: Mfu | None
-    preflight: wire.Preflight | None
+    preflight: Preflight | None
     sweep: Sweep
 
 
@@ -92,7 +97,7 @@ def run_page_view(db: Session, *, run_id: int, folders: RunFolders, settings: Se
         return RunPageView(
             run=RunDetail.model_validate(run, from_attributes=True),
             progress=_progress(run, state, now=now),
-            health=HealthOut.model_validate(state, from_attributes=True),
+            health=state,
             dump=forensics.latest_dump(db, run=run, folders=folders, world_size=kind(run.launcher).ranks(run)),
             findings=findings.findings(db, run=run),
             files=_files(run, folders=folders),
@@ -103,7 +108,7 @@ def run_page_view(db: Session, *, run_id: int, folders: RunFolders, settings: Se
         )
 
 
-def _progress(run: Run, state: health.Health, *, now: datetime) -> Progress:
+def _progress(run: Run, state: HealthOut, *, now: datetime) -> Progress:
     elapsed = runs.elapsed(run, now)
     moving = run.status == RunStatus.running and state.state == "ok"
     eta = None
@@ -126,10 +131,13 @@ def _files(run: Run, *, folders: RunFolders) -> RunFiles:
 
 
 def _efficiency(db: Session, run: Run, *, folders: RunFolders, now: datetime) -> Efficiency:
+    share = comm.comm_share(db, run_id=run.id)
     return Efficiency(
         goodput=run_goodput(db, run=run, now=now),
         startup_labels=STARTUP_PHASES,
-        comm=comm_share(db, run_id=run.id),
+        comm=share,
+        comm_sentence=comm.sentence(share) if share else "",
+        comm_dominates=share is not None and comm.dominates(share),
         mfu=run_mfu(db, run=run),
         preflight=preflight.read(run, folders=folders),
         sweep=sweep_of(db, run_id=run.id),

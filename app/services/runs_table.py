@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session
 from app.core.errors import FieldInvalid
 from app.core.models import Run, RunTag, utcnow
 from app.services import runs
-from app.services.runs_table_query import RunQuery, Target, config_path
 from app.store import audit
 from app.store import runs_table as table_store
+from app.store.runs_table_query import RunQuery, Target, config_path
 
 TAG = re.compile(r"^[\w.:+/-]{1,64}$")
 MAX_TAGS = 50

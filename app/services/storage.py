@@ -5,40 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from app.core.errors import PathNotFound, PathOutsideRoot, PathTooLong
+from app.schemas.files import DiskOut, EntryOut
 
 # A folder's size counts at most this many entries below it, so a huge datasets/ tree cannot stall a page.
 SIZE_SCAN_LIMIT = 20_000
 # What Linux file systems take: bytes of one name (NAME_MAX), and of a whole path given to a system call (PATH_MAX).
 NAME_MAX = 255
 PATH_MAX = 4096
-
-
-@dataclass(frozen=True)
-class DiskUsage:
-    total: int
-    used: int
-    free: int
-
-    @property
-    def percent_used(self) -> float:
-        return 100 * self.used / self.total if self.total else 0.0
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One item of a folder listing; `size` of a folder is the sum below it (`size_complete` False if capped)."""
-
-    name: str
-    path: str  # relative to the shared root, with "/" separators
-    is_dir: bool
-    size: int
-    modified: datetime
-    size_complete: bool = True
 
 
 def resolve_inside(root: Path, relative: str, *, field: str = "path") -> Path:
@@ -109,7 +86,7 @@ def relative_name(root: Path, path: Path) -> str:
     return "" if relative == "." else relative
 
 
-def list_folder(root: Path, relative: str) -> list[Entry]:
+def list_folder(root: Path, relative: str) -> list[EntryOut]:
     """The folder's entries, folders first, each with its size and time; links that leave the root are left out."""
     folder = existing(root, relative)
     if not folder.is_dir():
@@ -129,8 +106,9 @@ def list_folder(root: Path, relative: str) -> list[Entry]:
                 continue  # a dangling link
             is_dir = stat.S_ISDIR(info.st_mode)
             size, complete = folder_size(Path(item.path)) if is_dir else (info.st_size, True)
-            entries.append(Entry(item.name, f"{prefix}/{item.name}" if prefix else item.name, is_dir, size,
-                                 datetime.fromtimestamp(info.st_mtime, timezone.utc), complete))  # fmt: skip
+            entries.append(EntryOut(name=item.name, path=f"{prefix}/{item.name}" if prefix else item.name,
+                                    is_dir=is_dir, size=size, size_complete=complete,
+                                    modified=datetime.fromtimestamp(info.st_mtime, timezone.utc)))  # fmt: skip
     return sorted(entries, key=lambda e: (not e.is_dir, e.name))
 
 
@@ -149,6 +127,6 @@ def folder_size(folder: Path) -> tuple[int, bool]:
     return total, True
 
 
-def disk_usage(root: Path) -> DiskUsage:
+def disk_usage(root: Path) -> DiskOut:
     usage = shutil.disk_usage(root)
-    return DiskUsage(usage.total, usage.used, usage.free)
+    return DiskOut(total=usage.total, used=usage.used, free=usage.free)

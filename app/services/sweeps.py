@@ -8,8 +8,6 @@ Each run of a sweep is an ordinary run (its own page, checkpoints, goodput), mar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -19,30 +17,10 @@ from app.core.models import Run
 from app.core.settings import Settings
 from app.launcher.launchers import Launchers, kind
 from app.schemas.runs import RunCreate
+from app.schemas.sweeps import Sweep, SweepRow
 from app.services import comm, runs
 
 MAX_PROCESSES = 64
-
-
-@dataclass(frozen=True)
-class SweepRow:
-    """One run of a sweep: its size, where it stands, and what it bought."""
-
-    run_id: int
-    processes: int
-    status: str
-    samples_per_s: float
-    speedup: float | None  # over the sweep's 1-process run; None until both have a throughput
-    efficiency: float | None  # speed-up / processes
-    comm_share: float | None
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """A run's scaling sweep, smallest first; empty when none was started."""
-
-    run_id: int
-    rows: list[SweepRow]
 
 
 def sizes(*, capacity: int) -> list[int]:
@@ -86,6 +64,8 @@ def sweep_of(db: Session, *, run_id: int) -> Sweep:
     for processes, run in sorted(newest.items()):
         speedup = run.samples_per_s / base.samples_per_s if base and base.samples_per_s and run.samples_per_s else None
         share = comm.comm_share(db, run_id=run.id)
-        rows.append(SweepRow(run.id, processes, run.status.value, run.samples_per_s, speedup,
-                             speedup / processes if speedup else None, share.share if share else None))  # fmt: skip
-    return Sweep(run_id, rows)
+        rows.append(SweepRow(run_id=run.id, processes=processes, status=run.status.value,
+                             samples_per_s=run.samples_per_s, speedup=speedup,
+                             efficiency=speedup / processes if speedup else None,
+                             comm_share=share.share if share else None))  # fmt: skip
+    return Sweep(run_id=run_id, rows=rows)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session
@@ -15,6 +14,7 @@ from app.auth.throttle import LoginThrottle
 from app.core.errors import Conflict, FieldInvalid, LoginThrottled, NotAuthenticated, UserNotFound
 from app.core.models import LoginSession, Role, User, utcnow
 from app.core.settings import Settings
+from app.schemas.users import NewUserOut
 from app.services import tokens
 from app.store import audit
 from app.store import users as user_store
@@ -22,15 +22,6 @@ from app.store import users as user_store
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 MIN_PASSWORD = 8
 TOUCH_EVERY = timedelta(seconds=60)  # a session's last use is written at most this often: not a write per request
-
-
-@dataclass(frozen=True)
-class NewUser:
-    """A user just added, and the password made for them (None when one was given): shown once, never stored."""
-
-    name: str
-    role: Role
-    password: str | None
 
 
 def auth_required(db: Session, *, settings: Settings) -> bool:
@@ -49,7 +40,7 @@ def ensure_first_admin(db: Session, *, settings: Settings) -> None:
              actor="RANKBOARD_ADMIN_PASSWORD")  # fmt: skip
 
 
-def add_user(db: Session, *, name: str, role: Role, password: str | None, actor: str) -> NewUser:
+def add_user(db: Session, *, name: str, role: Role, password: str | None, actor: str) -> NewUserOut:
     """Adds a user; without a password one is made, returned to be shown once."""
     if not NAME.match(name):
         raise FieldInvalid("name", "a user name is 1-64 letters, digits, '.', '_', '@' or '-', starting with a "
@@ -64,7 +55,7 @@ def add_user(db: Session, *, name: str, role: Role, password: str | None, actor:
             raise Conflict(f"a user named {name!r} already exists")
         db.add(User(name=name, role=role, password_hash=hash_password(secret)))
         audit.record(db, actor=actor, action="added user", detail=f"{name} ({role.value})")
-    return NewUser(name, role, made)
+    return NewUserOut(name=name, role=role, password=made)
 
 
 def list_users(db: Session) -> Sequence[User]:

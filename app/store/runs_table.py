@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, and_, case, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased, selectinload
 
 from app.core.models import MetricSummary, Run, RunTag
-from app.services.runs_table_query import Condition, RunQuery, Target
+from app.store.runs_table_query import Condition, RunQuery, Target
 
 OPS = {"<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__", "=": "__eq__", "!=": "__ne__"}
 SEARCHED = (Run.name, Run.status, Run.workload, Run.script, Run.launcher, Run.created_by)

@@ -9,6 +9,8 @@ from pydantic import ValidationError
 from rankboard import wire
 
 from app.core.errors import FormInvalid
+from app.core.models import Run
+from app.core.option_text import as_form_text
 from app.schemas.runs import RunCreate
 
 
@@ -149,19 +151,9 @@ def parse_run_form(values: dict[str, str]) -> RunCreate:
     return spec
 
 
-def as_form_text(run_options: dict[str, object]) -> dict[str, str]:
-    """A run's options as the form's strings: the inverse of `parse_run_form`, for "new run from this"."""
-    return {name: _form_text(value) for name, value in run_options.items()}
-
-
-def _form_text(value: object) -> str:
-    if isinstance(value, bool):  # what a ticked checkbox posts, and what the form's template checks for
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "\n".join(f"{name}={_form_text(text)}" for name, text in value.items())
-    if isinstance(value, list):
-        return "\n".join(_form_text(item) for item in value)
-    return "" if value is None else str(value)
+def form_values_like(run: Run) -> dict[str, str]:
+    """ "New run like this": the form filled with what the run had; the options it never had keep their defaults."""
+    return as_form_text(RunCreate.values_of(run))
 
 
 def _lines(text: str) -> list[str]:

@@ -67,7 +67,7 @@ UserName = Annotated[str, Path(min_length=1, max_length=64, description="A user'
 TokenId = Annotated[int, Path(ge=1, le=INT32_MAX, description="An API token's id, from the list of tokens.")]
 NextPage = Annotated[str, Query(max_length=2000, description="Where to go after logging in: a path of this server.")]
 
-# The runs table's view (app.services.runs_table_query): each a string the table's URL carries as the user typed it.
+# The runs table's view (app.store.runs_table_query): each a string the table's URL carries as the user typed it.
 Search = Annotated[
     str,
     Query(

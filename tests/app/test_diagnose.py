@@ -18,7 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.core.models import RunStatus
-from app.services.diagnose import Diagnosis, LogText, diagnose, root_cause_ranks
+from app.schemas.logs import DiagnosisOut
+from app.services.diagnose import LogText, diagnose, root_cause_ranks
 from tests.app.conftest import move_run
 from tests.live import REPO
 
@@ -33,7 +34,7 @@ def stderr_of(*args: str) -> str:
     return done.stderr
 
 
-def only(found: list[Diagnosis], kind: str) -> Diagnosis:
+def only(found: list[DiagnosisOut], kind: str) -> DiagnosisOut:
     assert [d.kind for d in found] == [kind], found
     return found[0]
 

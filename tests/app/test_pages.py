@@ -7,8 +7,8 @@ from datetime import timedelta
 from fastapi.testclient import TestClient
 
 from app.core.models import Run, RunStatus, utcnow
+from app.core.option_text import as_form_text
 from app.schemas.runs import RunCreate
-from app.web.forms import as_form_text
 
 FORM_DEFAULTS = as_form_text(RunCreate().model_dump())  # what the form posts when nothing is changed
 
@@ -81,6 +81,15 @@ def test_stop_from_the_page_returns_the_status_fragment(client: TestClient) -> N
     client.post("/api/runs", json={})
     fragment = client.post("/runs/1/stop", headers={"HX-Request": "true"}).text
     assert "stopped before it started" in fragment and "<html" not in fragment
+
+
+def test_the_sweep_button_queues_the_config_at_each_size_and_the_page_shows_the_table(client: TestClient) -> None:
+    client.post("/api/runs", json={"name": "origin", "epochs": 3})
+    response = client.post("/runs/1/sweep", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/runs/1#sweep"
+    page = client.get("/runs/1").text
+    assert 'data-processes="1"' in page and 'data-processes="2"' in page  # this host holds 2 processes
+    assert client.get("/api/runs").json()["total"] == 3
 
 
 def test_unknown_run_page_is_a_404_page(client: TestClient) -> None:

@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
 from app.core.models import Run
+from app.core.option_text import as_form_text
 from app.core.settings import Settings
 from app.core.trainer_options import TrainerOptions
 from app.launcher.local import LocalLauncher
 from app.schemas.runs import RunCreate
-from app.web.forms import as_form_text
 from trainer.config import TrainConfig
 
 

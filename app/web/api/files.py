@@ -30,8 +30,7 @@ A_FILE = {"description": "The file's bytes, or the range asked for (206).",
             summary="A folder of the shared storage, with sizes, times, free space")  # fmt: skip
 def list_folder(settings: SettingsDep, path: SharedPath = "") -> FolderOut:
     entries = storage.list_folder(settings.shared, path)
-    return FolderOut.model_validate({"path": path, "entries": entries,
-                                     "disk": storage.disk_usage(settings.shared)}, from_attributes=True)  # fmt: skip
+    return FolderOut(path=path, entries=entries, disk=storage.disk_usage(settings.shared))
 
 
 # Starlette answers a Range header it cannot serve itself, in plain text: 400 when malformed, 416 past the end.

@@ -8,7 +8,6 @@ from fastapi.responses import Response, StreamingResponse
 from app.core.errors import PathNotFound, RunNotFound
 from app.schemas.logs import DiagnosisOut, LogFileOut, TailOut
 from app.services import logs, runs
-from app.services.diagnose import Diagnosis
 from app.web.api import documented
 from app.web.deps import FoldersDep, SessionDep
 from app.web.params import LogFilter, LogLines, LogRank, LogStream, RunId
@@ -70,5 +69,5 @@ def download_log(
 
 @router.get("/{run_id}/diagnoses", response_model=list[DiagnosisOut], responses=documented(RunNotFound),
             summary="What went wrong, read from the logs")  # fmt: skip
-def diagnoses(run_id: RunId, db: SessionDep, folders: FoldersDep) -> list[Diagnosis]:
+def diagnoses(run_id: RunId, db: SessionDep, folders: FoldersDep) -> list[DiagnosisOut]:
     return logs.diagnoses(runs.get_run(db, run_id=run_id), folders=folders)

@@ -13,10 +13,11 @@ from app.core.errors import FieldInvalid, InvalidToken, PathNotFound, RunNotActi
 from app.core.models import Run, RunStatus
 from app.schemas.checkpoints import CheckpointOut, CheckpointRemoval, Deletion
 from app.schemas.health import HealthOut, RankOut
+from app.schemas.logs import RankOutput
 from app.schemas.metrics import BatchIn, IngestResult, SeriesOut
 from app.schemas.runs import BestMetric, JoinIn, JoinOut, RunCreate, RunDetail, RunPage
 from app.services import checkpoints, external, files, health, metrics, nodes, runs, runs_table
-from app.services import runs_table_query as run_query
+from app.store import runs_table_query as run_query
 from app.web.api import UNREADABLE_BODY, documented, request_body
 from app.web.deps import (
     CallerDep,
@@ -102,7 +103,7 @@ def get_run(run_id: RunId, db: SessionDep) -> Run:
 
 @router.get("/{run_id}/health", response_model=HealthOut, responses=documented(RunNotFound),
             summary="Is a running run progressing: stalled ranks; GPUs spinning in a hung collective")  # fmt: skip
-def run_health(run_id: RunId, db: SessionDep, settings: SettingsDep) -> health.Health:
+def run_health(run_id: RunId, db: SessionDep, settings: SettingsDep) -> HealthOut:
     return health.run_health(db, run_id=run_id, stall_after_s=settings.stall_after_s)
 
 
@@ -230,5 +231,5 @@ def delete_checkpoints(
 
 @router.get("/{run_id}/output", responses=documented(RunNotFound),
             summary="The last lines of each rank's stdout and stderr")  # fmt: skip
-def rank_output(run_id: RunId, db: SessionDep, folders: FoldersDep, lines: OutputLines = 50) -> list[files.RankOutput]:
+def rank_output(run_id: RunId, db: SessionDep, folders: FoldersDep, lines: OutputLines = 50) -> list[RankOutput]:
     return files.rank_outputs(runs.get_run(db, run_id=run_id), folders=folders, lines=lines)

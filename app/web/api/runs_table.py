@@ -29,7 +29,7 @@ def label_run(run_id: RunId, labels: RunLabels, db: SessionDep, caller: CallerDe
                        "cost)")  # fmt: skip
 def delete_run(
     run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep, files: bool = False, dry_run: bool = False
-) -> run_deletion.DeletionPlan:
+) -> RunDeletionOut:
     if dry_run:
         return run_deletion.plan(db, run_id=run_id, folders=folders, files=files)
     return run_deletion.delete_run(db, run_id=run_id, folders=folders, files=files, actor=caller.name)

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from pydantic import Field
 
 from app.core.errors import Conflict, FieldInvalid, TokenNotFound, UserNotFound
 from app.core.models import User
-from app.schemas.users import CallerOut, NewUserOut, TokenIn, TokenOut, UserIn, UserOut
+from app.schemas.users import CallerOut, NewTokenOut, NewUserOut, TokenIn, TokenOut, UserIn, UserOut
 from app.services import tokens, users
 from app.web.api import UNREADABLE_BODY, documented
 from app.web.deps import CallerDep, SessionDep
 from app.web.params import TokenId, UserName
 
 router = APIRouter(prefix="/api", tags=["users"])
-
-
-class NewTokenOut(TokenOut):
-    token: str = Field(description="Send it as `Authorization: Bearer <token>`; shown this once, stored hashed.")
 
 
 @router.get("/me", response_model=CallerOut, summary="Who you are to this server")
@@ -34,8 +29,7 @@ def list_users(db: SessionDep) -> list[User]:
              responses={**documented(Conflict, FieldInvalid), **UNREADABLE_BODY},
              summary="Add a user (this turns authentication on)")  # fmt: skip
 def add_user(body: UserIn, db: SessionDep, caller: CallerDep) -> NewUserOut:
-    made = users.add_user(db, name=body.name, role=body.role, password=body.password, actor=caller.name)
-    return NewUserOut(name=made.name, role=made.role, password=made.password)
+    return users.add_user(db, name=body.name, role=body.role, password=body.password, actor=caller.name)
 
 
 @router.delete("/users/{user}", status_code=204, responses=documented(UserNotFound, Conflict),

@@ -1,32 +1,23 @@
-"""The HTML pages: runs list, new-run form, run page with its live stream. Each route calls one service."""
+"""The runs pages: the runs list, the new-run form, a run's page with its live stream and its verbs (stop, resume,
+delete checkpoints); and the error page every page falls back on. Each route calls one service."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
-from fastapi.templating import Jinja2Templates
 
 from app.core.errors import FieldInvalid, FormInvalid, LoginThrottled, RankboardError
-from app.core.models import Run, RunStatus
+from app.core.models import RunStatus
 from app.launcher.launchers import Launchers, kind
 from app.schemas.runs import RunCreate
-from app.services import (
-    checkpoints,
-    health,
-    host,
-    metrics,
-    runs,
-    runs_table,
-    storage,
-)
-from app.services import forensics as dumps
-from app.services import runs_table_query as run_query
+from app.services import checkpoints, health, metrics, runs, runs_table
 from app.services.run_page import RunPageView, run_page_view
-from app.services.sweeps import start_sweep as queue_sweep
+from app.store import runs_table_query as run_query
 from app.web.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
-from app.web.forms import as_form_text, parse_run_form, run_form_groups
+from app.web.forms import form_values_like, parse_run_form, run_form_groups
+from app.web.pages import FormValues, HtmxRequest, page, templates_of
 from app.web.params import (
     After,
     ArchivedView,
@@ -39,7 +30,6 @@ from app.web.params import (
     PageNumber,
     RunId,
     Search,
-    SharedPath,
     Sort,
 )
 from app.web.stream import Fragments, Snapshot, run_events
@@ -47,35 +37,6 @@ from app.web.templating import render_block
 
 router = APIRouter(include_in_schema=False)
 PAGE_SIZE = 25
-SWAGGER_UI = "5.35.0"  # static/vendor/VERSIONS.md
-
-
-def templates_of(request: Request) -> Jinja2Templates:
-    return request.app.state.templates
-
-
-def page(
-    request: Request, name: str, context: dict[str, Any], status_code: int = 200, headers: dict[str, str] | None = None
-) -> HTMLResponse:
-    settings = request.app.state.settings
-    caller = getattr(request.state, "caller", None)  # None on the public pages: the login page, a refusal
-    base = {"settings": settings, "shared_dir": settings.shared, "shared_fallback": settings.shared_dir_is_fallback,
-            "disk": storage.disk_usage(settings.shared), "caller": caller,
-            "csrf_token": caller.csrf if caller else None}  # fmt: skip
-    return templates_of(request).TemplateResponse(
-        request, name, {**base, **context}, status_code=status_code, headers=headers
-    )
-
-
-async def form_values(request: Request) -> dict[str, str]:
-    """The posted form as strings, kept on the request so a field error can re-render the form with them."""
-    values = {key: str(value) for key, value in (await request.form()).items()}
-    request.state.form_values = values
-    return values
-
-
-FormValues = Annotated[dict[str, str], Depends(form_values)]
-HtmxRequest = Annotated[str | None, Header(alias="HX-Request")]
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -121,15 +82,10 @@ def new_run_page(
     request: Request, db: SessionDep, launchers: LaunchersDep, from_run: FromRun = None, init_from: InitFrom = ""
 ) -> Response:
     """The form; `from_run` fills it with that run's options, `init_from` names a checkpoint to start from."""
-    values = run_options(runs.get_run(db, run_id=from_run)) if from_run is not None else {}
+    values = form_values_like(runs.get_run(db, run_id=from_run)) if from_run is not None else {}
     if init_from:
         values.update(init_from=init_from, name=f"{values.get('name', 'run')} from {init_from.rsplit('/', 1)[-1]}")
     return new_run_form(request, launchers=launchers, values=values, errors={})
-
-
-def run_options(run: Run) -> dict[str, str]:
-    """ "New run like this": the form filled with what the run had; the options it never had keep their defaults."""
-    return as_form_text(RunCreate.values_of(run))
 
 
 def new_run_form(
@@ -190,42 +146,10 @@ def stop_run(
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
 
 
-@router.post("/runs/{run_id}/dumps")
-def request_dump(run_id: RunId, db: SessionDep, caller: CallerDep) -> Response:
-    """The run page's "Dump all ranks": the answers appear in its live status within seconds."""
-    dumps.request_dump(db, run_id=run_id, actor=caller.name)
-    return RedirectResponse(f"/runs/{run_id}#dump", status_code=303)
-
-
-@router.post("/runs/{run_id}/desync")
-def rerun_with_desync_checks(
-    run_id: RunId, db: SessionDep, settings: SettingsDep, folders: FoldersDep, launchers: LaunchersDep,
-    caller: CallerDep,
-) -> Response:  # fmt: skip
-    """ "Re-run with desync checks": a copy of the run that names the rank a collective waits for, then its page."""
-    run = dumps.rerun_with_desync_checks(db, run_id=run_id, settings=settings, folders=folders, launchers=launchers,
-                                         actor=caller.name)  # fmt: skip
-    return RedirectResponse(f"/runs/{run.id}", status_code=303)
-
-
 @router.post("/runs/{run_id}/resume")
 def resume_run(run_id: RunId, db: SessionDep, folders: FoldersDep, caller: CallerDep) -> Response:
     runs.resume_run(db, run_id=run_id, folders=folders, actor=caller.name)
     return RedirectResponse(f"/runs/{run_id}", status_code=303)
-
-
-@router.post("/runs/{run_id}/sweep")
-def start_sweep(
-    run_id: RunId,
-    db: SessionDep,
-    settings: SettingsDep,
-    folders: FoldersDep,
-    launchers: LaunchersDep,
-    caller: CallerDep,
-) -> Response:
-    queue_sweep(db, run_id=run_id, settings=settings, folders=folders, launchers=launchers,
-                               actor=caller.name)  # fmt: skip
-    return RedirectResponse(f"/runs/{run_id}#sweep", status_code=303)
 
 
 @router.delete("/runs/{run_id}/checkpoints", response_class=HTMLResponse)
@@ -241,39 +165,6 @@ def delete_checkpoints(
     checkpoints.delete_run_checkpoints(db, run_id=run_id, names=name, dry_run=False, folders=folders, actor=caller.name)
     view = run_page_view(db, run_id=run_id, folders=folders, settings=settings)
     return HTMLResponse(render_block(templates_of(request), "run.html", "files", view_context(view)))
-
-
-@router.get("/host", response_class=HTMLResponse)
-def host_page(request: Request, db: SessionDep) -> Response:
-    """This host's GPUs and the runs holding them; the page polls itself for its `host_now` fragment."""
-    context = {"host": host.host_status(db, sampler=request.app.state.host_sampler)}
-    if request.headers.get("HX-Target") == "host-now":
-        return HTMLResponse(render_block(templates_of(request), "host.html", "host_now", context))
-    return page(request, "host.html", context)
-
-
-@router.get("/files", response_class=HTMLResponse)
-def files_page(request: Request, path: SharedPath = "") -> Response:
-    root = request.app.state.settings.shared
-    crumbs = [(part, "/".join(path.split("/")[: i + 1])) for i, part in enumerate(p for p in path.split("/") if p)]
-    return page(request, "files.html", {"path": path, "crumbs": crumbs, "entries": storage.list_folder(root, path)})
-
-
-@router.get("/files/inspect", response_class=HTMLResponse)
-def inspect_page(request: Request, path: SharedPath) -> Response:
-    inspection = checkpoints.inspect(request.app.state.settings.shared, path)
-    return page(request, "inspect.html", {"inspection": inspection, "folder": path.rsplit("/", 1)[0]})
-
-
-@router.get("/docs", response_class=HTMLResponse)
-def api_docs(request: Request) -> HTMLResponse:
-    """The API's interactive documentation, from this server's own copy of Swagger UI: clusters often have no
-    internet, and FastAPI's default page loads it from a CDN (a blank page there)."""
-    # Our own page rather than FastAPI's get_swagger_ui_html: its inline script is refused by the CSP.
-    caller = getattr(request.state, "caller", None)
-    context = {"openapi_url": request.app.openapi_url, "title": f"{request.app.title} API", "version": SWAGGER_UI,
-               "csrf_token": caller.csrf if caller else None}  # fmt: skip
-    return templates_of(request).TemplateResponse(request, "docs.html", context)
 
 
 @router.get("/runs/{run_id}/stream")

@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from app.core.errors import FieldInvalid
 from app.services import compare, run_deletion, runs, runs_table
 from app.web.deps import CallerDep, FoldersDep, SessionDep
-from app.web.pages.runs import page
+from app.web.pages import page
 from app.web.params import CompareRuns, RunId
 
 router = APIRouter(include_in_schema=False)
@@ -56,7 +56,7 @@ def delete_run(run_id: RunId, db: SessionDep, folders: FoldersDep, values: FormV
 
 
 async def posted(request: Request) -> dict[str, str]:
-    """The posted form's fields. Not pages.runs.FormValues: an error here is an error page, never the New-run form."""
+    """The posted form's fields. Not pages.FormValues: an error here is an error page, never the New-run form."""
     return {key: str(value) for key, value in (await request.form()).items()}
 
 

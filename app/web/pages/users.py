@@ -1,5 +1,4 @@
-"""The login page, logging out, and the admins' pages of users, API tokens and alerts. Each route calls one
-service."""
+"""The login page, logging out, and the admins' pages of users and API tokens. Each route calls one service."""
 
 from __future__ import annotations
 
@@ -9,10 +8,10 @@ from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.core.models import Role
-from app.services import alerts, tokens, users
+from app.services import tokens, users
 from app.web.deps import CallerDep, SessionDep, SettingsDep
 from app.web.guard import SESSION_COOKIE, is_secure
-from app.web.pages.runs import FormValues, page
+from app.web.pages import FormValues, page
 from app.web.params import NextPage, TokenId, UserName
 
 router = APIRouter(include_in_schema=False)
@@ -101,8 +100,3 @@ def create_token(
 def revoke_token(token_id: TokenId, db: SessionDep, caller: CallerDep) -> Response:
     tokens.revoke_token(db, token_id=token_id, actor=caller.name)
     return RedirectResponse("/tokens", status_code=303)
-
-
-@router.get("/alerts", response_class=HTMLResponse)
-def alerts_page(request: Request, db: SessionDep, settings: SettingsDep) -> Response:
-    return page(request, "alerts.html", {"alerts": alerts.overview(db, settings=settings)})

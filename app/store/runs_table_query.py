@@ -5,7 +5,8 @@ and columns.
 column of `runs` (from a fixed list), a key of the run's config document (a trainer option by its name, any key as
 `config.<key>`, a nested one as `config.<key>.<key>`), or a metric's summary; the values are bound as SQL parameters
 by the store (app.store.runs_table), never written into SQL text. A mistake is a FieldInvalid naming the parameter
-and the problem.
+and the problem. It runs no SQL, but it lives beside that store because the store takes its values: the services and
+the routes above only parse with it and read it back.
 """
 
 from __future__ import annotations
