@@ -327,9 +327,10 @@ class MetricTier(Base):
     """A series pre-aggregated per `tier` steps, so a zoomed-out chart reads a few rows per pixel, not every point.
 
     One row per (series, tier, bucket, rank): bucket is step // tier; `min_value` and `max_value` ignore NaN (NULL
-    when the bucket holds only NaN); `last_step` is the bucket's highest step and `last_value` the value there (NULL
-    for NaN). Kept up to date on ingest (app.store.charts.refresh_tiers). On SQLite it is stored WITHOUT ROWID: the
-    rows are the primary-key index, so a range of buckets is one contiguous read.
+    when the bucket holds only NaN); `last_step` is the bucket's highest step, `last_value` the value there (NULL
+    for NaN) and `last_time` its unix time (nullable only because 0018 added it to a filled table, then filled it).
+    Kept up to date on ingest (app.store.charts.refresh_tiers). On SQLite it is stored WITHOUT ROWID: the rows are
+    the primary-key index, so a range of buckets is one contiguous read.
     """
 
     __tablename__ = "metric_tiers"
@@ -345,6 +346,7 @@ class MetricTier(Base):
     max_value: Mapped[float | None] = mapped_column(Float)
     last_step: Mapped[int] = mapped_column(STEP_TYPE)
     last_value: Mapped[float | None] = mapped_column(Float)
+    last_time: Mapped[float | None] = mapped_column(Float)
 
 
 class RunTag(Base):

@@ -142,16 +142,22 @@ class SeriesOut(BaseModel):
 
 
 class ChartRankOut(BaseModel):
-    """One rank's buckets, by step: each bucket's last step, and its min, max (ignoring NaN) and last value."""
+    """One rank's buckets, by step: each bucket's last step, its min, max (ignoring NaN) and last value, and the time
+    of that last value. The lists are equally long."""
 
     step: list[int] = Field(description="The highest step in each bucket: where its `last` value was reported.")
     min: list[MetricValue] = Field(description='"NaN" for a bucket that holds only NaN.')
     max: list[MetricValue] = Field(description='"NaN" for a bucket that holds only NaN.')
     last: list[MetricValue] = Field(description="The value at the bucket's highest step.")
+    time: list[float] = Field(
+        description="When the value at the bucket's highest step was logged (the point's `time`): unix seconds, for a "
+        "chart of wall time or time since the start."
+    )
 
 
 class ChartOut(BaseModel):
-    """A series downsampled for a chart: at most `width` buckets per rank, each with its min, max and last value."""
+    """A series downsampled for a chart: at most `width` buckets per rank, each with its min, max and last value (and
+    that value's time)."""
 
     key: str
     start_step: int

@@ -26,7 +26,8 @@ def chart(
     width: int,
     rank: int | None,
 ) -> ChartOut:
-    """Min, max and last value per bucket and rank over [start_step, end_step], by default the series' whole range.
+    """Min, max, last value and its time per bucket and rank over [start_step, end_step], by default the series'
+    whole range.
 
     At most `width` buckets per rank, and one per step when the range has no more steps than that, so zooming in
     ends at the raw points. The default start is the series' first step, not 0: GPU series count steps in unix
@@ -61,5 +62,6 @@ def _by_rank(buckets: list[Bucket]) -> dict[str, ChartRankOut]:
             min=[b.min for b in rows],
             max=[b.max for b in rows],
             last=[b.last for b in rows],
+            time=[b.time for b in rows],
         )
     return ranks

@@ -5,13 +5,15 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from pydantic import ValidationError
 from rankboard import wire
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.passwords import sha256
 from app.core.errors import InvalidToken, RunNotActive, SeriesNotFound
@@ -172,6 +174,65 @@ def read_series(
 
 def _out(point: SeriesPoint) -> PointOut:
     return PointOut(step=point.step, rank=point.rank, value=point.value, time=point.time)
+
+
+CSV_HEADER = "step,rank,value,time\n"
+# Steps read per statement while a CSV streams (1,024 chunks of each rank): memory stays bounded whatever the range.
+CSV_STEPS = 1024 * chunks.SPAN
+
+
+def series_csv(
+    sessions: sessionmaker[Session],
+    *,
+    run_id: int,
+    key: str,
+    start_step: int,
+    start_rank: int,
+    end_step: int | None,
+    limit: int | None,
+) -> Iterator[str]:
+    """One series from the cursor (start_step, start_rank) through end_step, every point or the first `limit`, as
+    CSV text: `step,rank,value,time` by step then rank, floats as repr writes them (round-trip exact), NaN as NaN.
+
+    An unknown run or key raises here; the points are read as the text is taken, CSV_STEPS at a time, each read in a
+    session of its own: a long series streams in bounded memory, and no transaction stays open while a client reads.
+    """
+    with sessions() as db:
+        runs.get_run(db, run_id=run_id)
+        series_id = metric_store.find_series(db, run_id=run_id, key=key)
+        if series_id is None:
+            raise SeriesNotFound(run_id, key, metric_store.series_keys(db, run_id=run_id))
+        stored = chunks.step_range(db, series_id=series_id)
+    last = -1 if stored is None else stored[1] if end_step is None else min(end_step, stored[1])
+    return _csv_text(sessions, series_id=series_id, cursor=(start_step, start_rank), last=last, limit=limit)
+
+
+def _csv_text(
+    sessions: sessionmaker[Session], *, series_id: int, cursor: tuple[int, int], last: int, limit: int | None
+) -> Iterator[str]:
+    yield CSV_HEADER
+    step, left = cursor[0], limit
+    while left != 0 and step <= last:
+        with sessions() as db:
+            first = chunks.read_on_from(db, series_id=series_id, step=step)  # a gap of a million steps is one seek
+            if first is None or first > last:
+                return
+            points = chunks.read(db, series_id=series_id, first=first, last=min(last, first + CSV_STEPS - 1))
+        points = points.take((points.steps > cursor[0]) | (points.ranks >= cursor[1]))
+        if left is not None:
+            points, left = points.take(slice(0, left)), left - min(left, len(points))
+        yield _csv_lines(points)
+        step = first + CSV_STEPS
+
+
+def _csv_lines(points: chunks.Points) -> str:
+    columns = (points.steps.tolist(), points.ranks.tolist(), _csv_floats(points.values), _csv_floats(points.times))
+    return "".join(f"{step},{rank},{value},{time}\n" for step, rank, value, time in zip(*columns, strict=True))
+
+
+def _csv_floats(values: np.ndarray) -> list[str]:
+    """repr's shortest exact digits (inf and -inf as it writes them); NaN spelled as JSON's answers and pandas read."""
+    return ["NaN" if value != value else repr(value) for value in values.tolist()]
 
 
 def series_keys(db: Session, *, run_id: int) -> list[str]:

@@ -2,8 +2,8 @@
 
 Reading every point of a million-point series per request would freeze the page, and thinning by stride or average
 loses the spike that matters. So wide buckets are aggregated from pre-aggregated rows: `metric_tiers` keeps each
-rank's min, max, highest step and the value there per `tier` steps, for each tier in TIERS, refreshed on ingest
-from the points themselves (so re-sending a batch changes nothing).
+rank's min, max, highest step and the value and unix time there per `tier` steps, for each tier in TIERS, refreshed
+on ingest from the points themselves (so re-sending a batch changes nothing).
 
 A chart reads the coarsest tier whose bucket fits in the requested bucket, so at most TIER_RATIO * width rows per
 rank, or the raw points when the requested bucket is smaller than the finest tier (fewer than TIERS[0] * width
@@ -33,24 +33,20 @@ Span = tuple[int, int, int, int]
 # SQLite allows 32,766 parameters in one statement: 4 per span.
 SPANS_PER_STATEMENT = 8000
 
-_COLUMNS = "series_id, tier, bucket, rank, min_value, max_value, last_step, last_value"
-_ON_CONFLICT = (
-    " ON CONFLICT (series_id, tier, bucket, rank) DO UPDATE SET min_value = excluded.min_value,"
-    " max_value = excluded.max_value, last_step = excluded.last_step, last_value = excluded.last_value"
-)
-# Each coarser tier from the tier before it, the value at each bucket's last step from the finer bucket holding that
-# step. The tier sizes are our constants, written into the text so that the GROUP BY expression is the same as the
-# selected one on PostgreSQL too. (The finest tier comes from the chunks, in Python: `_finest_rows`.)
+# Each coarser tier from the tier before it, the value and time at each bucket's last step from the finer bucket
+# holding that step (one join: a lookup per bucket, not one per column). The tier sizes are our constants, written
+# into the text so that the GROUP BY expression is the same as the selected one on PostgreSQL too. (The finest tier
+# comes from the chunks, in Python: `_finest_rows`.)
 _FROM_TIER = (
-    "SELECT g.series_id, {tier}, g.bucket, g.rank, g.min_value, g.max_value, g.last_step,"
-    " (SELECT l.last_value FROM metric_tiers l WHERE l.series_id = g.series_id AND l.tier = {finer}"
-    "  AND l.bucket = g.last_step / {finer} AND l.rank = g.rank)"
+    "SELECT g.series_id, {tier}, g.bucket, g.rank, g.min_value, g.max_value, g.last_step, l.last_value{time}"
     " FROM (SELECT f.series_id AS series_id, f.bucket / {ratio} AS bucket, f.rank AS rank,"
     "  MIN(f.min_value) AS min_value, MAX(f.max_value) AS max_value, MAX(f.last_step) AS last_step"
     "  FROM touched t, metric_tiers f"
     "  WHERE f.series_id = t.series_id AND f.tier = {finer} AND f.bucket BETWEEN t.first AND t.last"
     "  AND f.rank = t.rank"
     "  GROUP BY f.series_id, f.bucket / {ratio}, f.rank) g"
+    " JOIN metric_tiers l ON l.series_id = g.series_id AND l.tier = {finer} AND l.bucket = g.last_step / {finer}"
+    "  AND l.rank = g.rank"
     " WHERE true"  # SQLite: without a WHERE, the upsert's ON would read as the join's
 )
 
@@ -70,7 +66,8 @@ class ChartPlan:
 
 
 class Bucket(NamedTuple):
-    """One rank's bucket: its highest step, and the min, max (NaN when it holds only NaN) and value there.
+    """One rank's bucket: its highest step, the min and max (NaN when it holds only NaN), and the value and unix time
+    at its highest step.
 
     A named tuple, like StoredPoint: a chart is a thousand of them, and a frozen dataclass is several times slower to
     make.
@@ -81,6 +78,7 @@ class Bucket(NamedTuple):
     min: float
     max: float
     last: float
+    time: float
 
 
 def plan(*, start_step: int, end_step: int, width: int) -> ChartPlan:
@@ -106,8 +104,8 @@ def plan(*, start_step: int, end_step: int, width: int) -> ChartPlan:
 def buckets(db: Session, *, series_id: int, chart: ChartPlan, rank: int | None) -> list[Bucket]:
     """The chart's buckets of every rank (or of `rank`), by rank then step.
 
-    Whole tier buckets are aggregated in SQL, each chart bucket's last value read from the tier row holding its last
-    step; the part-filled tier buckets at the ends (or a range too short for any tier) from the chunks' points.
+    Whole tier buckets are aggregated in SQL, each chart bucket's last value and time read from the tier row holding
+    its last step; the part-filled tier buckets at the ends (or a range too short for any tier) from the chunks' points.
     """
     found: dict[tuple[int, int], Bucket] = {}
     for first, last in _raw_ranges(chart):
@@ -119,15 +117,15 @@ def buckets(db: Session, *, series_id: int, chart: ChartPlan, rank: int | None) 
                                   "last_bucket": whole[1], "tier_origin": chart.origin // chart.tier,
                                   "tier_buckets": chart.bucket_steps // chart.tier, "rank": rank}  # fmt: skip
         rows: Sequence[Any] = db.execute(text(_tier_query(rank)), params).all()  # all at once: several times faster
-        for rank_, k, low, high, step, last in rows:
+        for rank_, k, low, high, step, last, when in rows:
             found[(rank_, k)] = _joined(
-                found.get((rank_, k)), Bucket(rank_, step, _value(low), _value(high), _value(last))
+                found.get((rank_, k)), Bucket(rank_, step, _value(low), _value(high), _value(last), when)
             )
     return sorted(found.values(), key=lambda bucket: (bucket.rank, bucket.step))
 
 
 def _aggregated(points: chunks.Points, chart: ChartPlan) -> list[tuple[tuple[int, int], Bucket]]:
-    """Points as ((rank, k), bucket) of chart bucket k: min and max ignoring NaN, and the value at the last step."""
+    """Points as ((rank, k), bucket) of chart bucket k: min and max ignoring NaN, value and time at the last step."""
     if not len(points):
         return []
     k = (points.steps - chart.origin) // chart.bucket_steps
@@ -135,10 +133,12 @@ def _aggregated(points: chunks.Points, chart: ChartPlan) -> list[tuple[tuple[int
     ranks, k, steps, values = points.ranks[order], k[order], points.steps[order], points.values[order]
     starts = np.flatnonzero(np.r_[True, (np.diff(ranks) != 0) | (np.diff(k) != 0)])
     ends = np.r_[starts[1:], len(steps)] - 1
-    columns = zip(ranks[starts].tolist(), k[starts].tolist(), steps[ends].tolist(),
-                  np.fmin.reduceat(values, starts).tolist(), np.fmax.reduceat(values, starts).tolist(),
-                  values[ends].tolist(), strict=True)  # fmt: skip
-    return [((rank, k_), Bucket(rank, step, low, high, last)) for rank, k_, step, low, high, last in columns]
+    first_ranks = ranks[starts].tolist()
+    columns = zip(first_ranks, steps[ends].tolist(), np.fmin.reduceat(values, starts).tolist(),
+                  np.fmax.reduceat(values, starts).tolist(), values[ends].tolist(),
+                  points.times[order][ends].tolist(), strict=True)  # fmt: skip
+    keys = zip(first_ranks, k[starts].tolist(), strict=True)
+    return list(zip(keys, itertools.starmap(Bucket, columns), strict=True))  # no Python-level loop: a chart's hot path
 
 
 def _joined(one: Bucket | None, other: Bucket) -> Bucket:
@@ -148,7 +148,7 @@ def _joined(one: Bucket | None, other: Bucket) -> Bucket:
     low = one.min if math.isnan(other.min) else other.min if math.isnan(one.min) else min(one.min, other.min)
     high = one.max if math.isnan(other.max) else other.max if math.isnan(one.max) else max(one.max, other.max)
     last = one if one.step > other.step else other
-    return Bucket(one.rank, last.step, low, high, last.last)
+    return Bucket(one.rank, last.step, low, high, last.last, last.time)
 
 
 def _value(stored: float | None) -> float:
@@ -179,31 +179,35 @@ def _raw_ranges(chart: ChartPlan) -> list[tuple[int, int]]:
 def _tier_query(rank: int | None) -> str:
     only_rank = " AND rank = :rank" if rank is not None else ""
     return (
-        "SELECT a.rank, a.k, a.min_value, a.max_value, a.last_step,"
-        " (SELECT t.last_value FROM metric_tiers t WHERE t.series_id = :series_id AND t.tier = :tier"
-        "  AND t.bucket = a.last_step / :tier AND t.rank = a.rank)"
+        "SELECT a.rank, a.k, a.min_value, a.max_value, a.last_step, t.last_value, t.last_time"
         " FROM (SELECT rank, (bucket - :tier_origin) / :tier_buckets AS k, MIN(min_value) AS min_value,"
         "  MAX(max_value) AS max_value, MAX(last_step) AS last_step FROM metric_tiers"
         f"  WHERE series_id = :series_id AND tier = :tier AND bucket BETWEEN :first_bucket AND :last_bucket{only_rank}"
         "  GROUP BY rank, k) a"
+        " JOIN metric_tiers t ON t.series_id = :series_id AND t.tier = :tier AND t.bucket = a.last_step / :tier"
+        "  AND t.rank = a.rank"
     )
 
 
-def refresh_tiers(db: Session, written: Sequence[chunks.Written]) -> None:
+def refresh_tiers(db: Session, written: Sequence[chunks.Written], *, times: bool = True) -> None:
     """Recomputes every tier bucket that the chunks' added points fall in, from what they hold now.
 
     Call it after writing the chunks, in the same transaction. It recomputes rather than merges, so a re-sent or
     overlapping batch gives the same rows as sending it once. The finest tier comes from the chunks in hand (a tier
     bucket lies in one chunk: chunks.SPAN); each coarser one from one INSERT ... SELECT ... ON CONFLICT DO UPDATE
-    (more only past SQLite's parameter limit) over the ranges of buckets the batch touched.
+    (more only past SQLite's parameter limit) over the ranges of buckets the batch touched. `times=False` leaves out
+    `last_time`, for the tiers of a store before 0018 added it (migration 0015 builds them).
     """
     if not written:
         return
     rows = _finest_rows(written)
+    if not times:
+        rows = [row[:-1] for row in rows]
+    columns, on_conflict = _upsert_parts(times=times)
     connection = db.connection()
     marker = chunks.marker(connection)
     connection.exec_driver_sql(
-        f"INSERT INTO metric_tiers ({_COLUMNS}) VALUES ({', '.join([marker] * 8)}){_ON_CONFLICT}", rows
+        f"INSERT INTO metric_tiers ({columns}) VALUES ({', '.join([marker] * len(rows[0]))}){on_conflict}", rows
     )
     spans = _merged((series_id, rank, bucket, bucket) for series_id, _tier, bucket, rank, *_values in rows)
     for finer, tier in itertools.pairwise(TIERS):
@@ -213,8 +217,16 @@ def refresh_tiers(db: Session, written: Sequence[chunks.Written]) -> None:
         in_finer = [
             (series_id, rank, first * ratio, last * ratio + ratio - 1) for series_id, rank, first, last in spans
         ]
-        select = _FROM_TIER.format(tier=tier, ratio=ratio, finer=finer)
-        _upsert(db, f"INSERT INTO metric_tiers ({_COLUMNS}) {select}{_ON_CONFLICT}", in_finer)
+        select = _FROM_TIER.format(tier=tier, ratio=ratio, finer=finer, time=", l.last_time" if times else "")
+        _upsert(db, f"INSERT INTO metric_tiers ({columns}) {select}{on_conflict}", in_finer)
+
+
+def _upsert_parts(*, times: bool) -> tuple[str, str]:
+    """The column list of a tier row, and the ON CONFLICT clause that overwrites all but its key."""
+    values = ["min_value", "max_value", "last_step", "last_value", *(["last_time"] if times else [])]
+    updates = ", ".join(f"{name} = excluded.{name}" for name in values)
+    columns = ", ".join(["series_id", "tier", "bucket", "rank", *values])
+    return columns, f" ON CONFLICT (series_id, tier, bucket, rank) DO UPDATE SET {updates}"
 
 
 def _finest_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
@@ -222,6 +234,7 @@ def _finest_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
     finest = TIERS[0]
     steps = np.concatenate([chunk.merged.steps for chunk in written])
     values = np.concatenate([chunk.merged.values for chunk in written])
+    times = np.concatenate([chunk.merged.times for chunk in written])
     owner = np.repeat(np.arange(len(written)), [len(chunk.merged.steps) for chunk in written])
     bucket = steps // finest
     starts = np.flatnonzero(np.r_[True, (np.diff(bucket) != 0) | (np.diff(owner) != 0)])
@@ -232,8 +245,8 @@ def _finest_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
     series = np.array([chunk.series_id for chunk in written])[owner[starts]].tolist()
     ranks = np.array([chunk.rank for chunk in written])[owner[starts]].tolist()
     rows = zip(series, bucket[starts].tolist(), ranks, _nulls(lows), _nulls(highs), steps[ends].tolist(),
-               _nulls(values[ends]), strict=True)  # fmt: skip
-    return [(s, finest, b, rank, low, high, step, last) for s, b, rank, low, high, step, last in rows]
+               _nulls(values[ends]), times[ends].tolist(), strict=True)  # fmt: skip
+    return [(s, finest, b, rank, low, high, step, last, when) for s, b, rank, low, high, step, last, when in rows]
 
 
 def _nulls(values: np.ndarray) -> list[float | None]:

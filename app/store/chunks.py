@@ -220,6 +220,16 @@ def step_range(db: Session, *, series_id: int) -> tuple[int, int] | None:
     return int(first.steps[0]), int(last.steps[-1])
 
 
+def read_on_from(db: Session, *, series_id: int, step: int) -> int | None:
+    """Where reading from `step` on finds points: `step` when its chunk holds some, else the first step of the next
+    chunk that does; None when no chunk at or after it does (one seek, however wide the gap)."""
+    chunk = db.scalar(
+        text("SELECT MIN(chunk) FROM metric_chunks WHERE series_id = :series_id AND chunk >= :chunk"),
+        {"series_id": series_id, "chunk": step // SPAN},
+    )
+    return None if chunk is None else max(step, chunk * SPAN)
+
+
 def newest(db: Session, *, series_id: int, rank: int | None = None) -> Points:
     """The series' points in its highest chunk (of `rank`, or of any rank): the newest step is among them."""
     only_rank = "" if rank is None else " AND rank = :rank"

@@ -101,12 +101,14 @@ def message(event: str, data: str, event_id: int | None = None) -> str:
 
 
 def points_json(points: list[StoredPoint], *, missed: bool = False) -> str:
-    """Points grouped by key as parallel arrays, values encoded as the wire does (NaN survives); `missed` tells the
-    page that points after its cursor were dropped from the live log, so it reads its charts again."""
+    """Points grouped by key as parallel arrays (with each point's unix time, for a wall-time axis), values encoded
+    as the wire does (NaN survives); `missed` tells the page that points after its cursor were dropped from the live
+    log, so it reads its charts again."""
     series: dict[str, dict[str, list[float | str | int]]] = {}
     for p in points:
-        one = series.setdefault(p.key, {"steps": [], "values": [], "ranks": []})
+        one = series.setdefault(p.key, {"steps": [], "values": [], "ranks": [], "times": []})
         one["steps"].append(p.step)
+        one["times"].append(p.time)
         one["values"].append(wire.encode_value(p.value))
         one["ranks"].append(p.rank)
     return json.dumps({"series": series, "missed": missed})

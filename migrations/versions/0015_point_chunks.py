@@ -85,7 +85,7 @@ def _move_series(db: Session, series_id: int) -> None:
             values.append(float("nan") if value is None else value)  # the point table kept NaN as NULL
             times.append(time)
         columns = {(series_id, rank): chunks.Column.of(*points) for rank, points in by_rank.items()}
-        charts.refresh_tiers(db, chunks.write(db, columns))
+        charts.refresh_tiers(db, chunks.write(db, columns), times=False)  # the tiers' times came with 0018
         after = (rows[-1][0], rows[-1][1])
     summaries.refresh(db, [series_id])  # as ingest would have left it: its last value now comes from the tiers
 

@@ -87,9 +87,10 @@ def test_an_old_store_converts_in_place_with_every_point_and_chart_the_same(tmp_
             want = {k: v for k, v in points.items() if k[0] == key}
             assert_same(series_points(client, run_id, key), want)
             by_step = {(step, rank): value for (_, step, rank), (value, _) in want.items()}
+            times = {(step, rank): time for (_, step, rank), (_, time) in want.items()}  # the tiers' times: 0018
             for params in ({"width": 1000}, {"width": 7}, {"width": 300, "start_step": 30_100, "end_step": 41_000}):
                 chart = client.get(f"/api/runs/{run_id}/chart", params={"key": key, **params}).json()
-                assert_exact(chart, by_step, width=params["width"])
+                assert_exact(chart, by_step, width=params["width"], times=times)
         summary = client.get("/api/runs", params={"columns": "loss.last,loss.min"}).json()["values"][str(run_id)]
         assert same(summary["loss.last"], points["loss", 59_999, 0][0])
         # A page open across the upgrade continues from its cursor, the old point table's last id.

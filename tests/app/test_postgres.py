@@ -21,7 +21,7 @@ from app.main import create_app
 from app.schemas.metrics import BatchIn
 from app.services import metrics
 from app.store import metrics as metric_store
-from tests.app import test_db, test_health, test_runs_table, test_supervisor
+from tests.app import test_charts, test_db, test_health, test_metrics_csv, test_runs_table, test_supervisor
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, running_run, series
 from tests.postgres import new_database, postgres_bin, postgres_server
 
@@ -142,6 +142,14 @@ def test_every_kind_of_run_filters_and_sorts_on_its_config_keys_on_postgresql(pg
 
 def test_a_populated_postgresql_store_moves_its_options_into_config_documents(admin_dsn: str, tmp_path: Path) -> None:
     test_db.assert_the_config_migration_keeps_every_run(new_database(admin_dsn), tmp_path, count=2500)
+
+
+def test_a_populated_postgresql_store_gets_its_tiers_times(admin_dsn: str, tmp_path: Path) -> None:
+    test_charts.assert_the_tier_times_migration_fills_every_bucket(new_database(admin_dsn), tmp_path)
+
+
+def test_a_series_as_csv_holds_exactly_its_json_points_on_postgresql(pg_client: TestClient) -> None:
+    test_metrics_csv.assert_csv_holds_the_json_points(pg_client, running_run(pg_client))
 
 
 def test_batches_into_the_same_chunks_at_once_lose_nothing_on_postgresql(pg_client: TestClient) -> None:

@@ -40,6 +40,7 @@ def test_a_finished_runs_stream_sends_everything_then_ends(client: TestClient, r
     assert kinds == ["points", "status", "files", "output", "end"]
     points = json.loads(received[0][1])["series"]["loss"]
     assert points["steps"] == [1, 2, 3] and points["ranks"] == [0, 0, 0]
+    assert points["times"] == [1.7e9 + 1, 1.7e9 + 2, 1.7e9 + 3]  # each point's own time, for a wall-time axis
     assert 'id="status"' in received[1][1] and "succeeded" in received[1][1]
     assert "<h2>Checkpoints</h2>" in received[2][1] and "<h2>History</h2>" in received[2][1]
 

@@ -1,4 +1,4 @@
-"""Charts: a run's series downsampled to a chart's width, per bucket its min, max and last value."""
+"""Charts: a run's series downsampled to a chart's width, per bucket its min, max and last value (and its time)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ router = APIRouter(prefix="/api/runs", tags=["charts"])
 
 
 @router.get("/{run_id}/chart", response_model=ChartOut, responses=documented(RunNotFound, SeriesNotFound, FieldInvalid),
-            summary="A series downsampled to a width: min, max, last")  # fmt: skip
+            summary="A series downsampled to a width: min, max, last and its time")  # fmt: skip
 def chart(
     run_id: RunId,
     db: SessionDep,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 
@@ -39,7 +40,6 @@ from app.web.params import (
     RunId,
     RunsLimit,
     Search,
-    SeriesLimit,
     Sort,
     StartRank,
     StartStep,
@@ -171,20 +171,46 @@ async def ingest(run_id: RunId, request: Request, token: Annotated[str, Depends(
     return Response(result.model_dump_json(exclude_defaults=True), media_type="application/json")
 
 
-@router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut, responses=documented(RunNotFound, SeriesNotFound),
-            summary="A metric series by step range")  # fmt: skip
+# The CSV a series is answered in besides JSON, for the OpenAPI document.
+SERIES_CSV = {
+    "description": "A page of JSON, or the range as CSV: a header, then one line per point.",
+    "content": {"text/csv": {"schema": {"type": "string"}, "example": "step,rank,value,time\n0,0,2.5,1763000000.25\n"}},
+}
+
+
+@router.get("/{run_id}/metrics/{key:path}", response_model=SeriesOut,
+            responses={**documented(RunNotFound, SeriesNotFound), 200: SERIES_CSV},
+            summary="A metric series by step range, as JSON pages or CSV")  # fmt: skip
 def read_series(
     run_id: RunId,
     key: MetricKey,
     db: SessionDep,
+    request: Request,
     start_step: StartStep = 0,
     start_rank: StartRank = 0,
     end_step: EndStep = None,
-    limit: SeriesLimit = 10_000,
-) -> SeriesOut:
-    return metrics.read_series(
-        db, run_id=run_id, key=key, start_step=start_step, start_rank=start_rank, end_step=end_step, limit=limit
-    )
+    limit: Annotated[int | None, Query(ge=1, le=100_000, description="Points on a JSON page (default 10,000); "
+                                       "in CSV at most this many (default: every point of the range).")] = None,
+    output: Annotated[Literal["json", "csv"] | None, Query(alias="format", description="json or csv; default: the "
+                                                           "Accept header's choice (text/csv), else json.")] = None,
+) -> SeriesOut | StreamingResponse:  # fmt: skip
+    """JSON pages by default; CSV with `?format=csv` or `Accept: text/csv`: `step,rank,value,time` rows, streamed."""
+    if (output or _accepted(request.headers.get("accept", ""))) == "csv":
+        lines = metrics.series_csv(request.app.state.sessions, run_id=run_id, key=key, start_step=start_step,
+                                   start_rank=start_rank, end_step=end_step, limit=limit)  # fmt: skip
+        return StreamingResponse(lines, media_type="text/csv; charset=utf-8")
+    return metrics.read_series(db, run_id=run_id, key=key, start_step=start_step, start_rank=start_rank,
+                               end_step=end_step, limit=limit or 10_000)  # fmt: skip
+
+
+def _accepted(accept: str) -> str:
+    """`csv` when the Accept header prefers text/csv to JSON (a higher q, or JSON not named), else `json`."""
+    quality = {}
+    for entry in accept.split(","):
+        media, *params = (part.strip() for part in entry.split(";"))
+        q = next((param[2:] for param in params if param.startswith("q=")), "1")
+        quality[media.lower()] = float(q) if q.replace(".", "", 1).isdigit() else 0.0
+    return "csv" if quality.get("text/csv", 0.0) > quality.get("application/json", 0.0) else "json"
 
 
 @router.get("/{run_id}/checkpoints", response_model=list[CheckpointOut], responses=documented(RunNotFound),
