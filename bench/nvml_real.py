@@ -40,7 +40,7 @@ class Collected:
         self.metrics: dict[str, float] = {}
         self.inventory: wire.Node | None = None
 
-    def log(self, metrics: Mapping[str, float], *, step: int) -> None:
+    def sample(self, metrics: Mapping[str, float], *, step: int) -> None:
         self.metrics.update(metrics)
 
     def node(self, node: wire.Node) -> None:

@@ -287,6 +287,10 @@ class JoinIn(Body):
     checkpoint_dir: Annotated[str, StringConstraints(max_length=1000)] | None = Field(
         default=None, description="Where the script saves its checkpoints (step-<step>.pt), in the shared folder."
     )
+    total_steps: int | None = Field(
+        default=None, ge=0, le=wire.MAX_STEP,
+        description="The steps the script will train (report.init(total_steps=...)); null or 0: it declares none.",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _rank_in_world(self) -> JoinIn:

@@ -50,6 +50,8 @@ def _join_once(db: Session, *, spec: JoinIn, shared: Path, actor: str, token: st
         elif run.status.is_final:
             _reopen(db, run, f"rank {spec.rank} on {spec.host} joined again")
         run.world_size = spec.world_size  # an elastic job may come back with another size
+        if spec.total_steps:  # declared before any step is: the page shows progress against it from the start
+            run.total_steps = spec.total_steps
         db.add(RunToken(token_hash=sha256(token), run_id=run.id))
         db.flush()
     return JoinOut(run_id=run.id, token=token, created=created)

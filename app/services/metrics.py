@@ -95,7 +95,9 @@ def advance_progress(run: Run, batch: BatchIn) -> bool:
     """
     progress = batch.progress
     if progress is not None and progress.step >= run.step:  # an older batch resent, or redone steps after a restart
-        run.epoch, run.step, run.total_steps = progress.epoch, progress.step, progress.total_steps
+        run.epoch, run.step = progress.epoch, progress.step
+        # 0 says "no total": a script's progress without one keeps what it declared (report.init, or its join).
+        run.total_steps = progress.total_steps or run.total_steps
         if progress.samples_per_s:  # a report without a rate (an older trainer's final one) keeps the last measured
             run.samples_per_s = progress.samples_per_s
     tops = [point.step for point in batch.points if not point.key.startswith(CLOCK_STEPPED)]

@@ -200,3 +200,20 @@ def test_a_config_that_some_store_could_not_keep_as_sent_is_refused_naming_it(cl
         answer = client.post("/api/runs/external", content=body, headers={"Content-Type": "application/json"})
         assert answer.status_code == 422 and answer.json()["detail"][0]["loc"] == ["body", "config"], answer.text
     assert client.get("/api/runs").json()["total"] == 0
+
+
+def test_a_total_declared_at_join_is_the_runs_until_a_progress_declares_another(client: TestClient) -> None:
+    """report.init(total_steps=...): the page shows progress against it from the join on; a progress of the script
+    without a total (0) keeps it, one with a total replaces it. Epochs it never counted stay unset."""
+    joined = join(client, total_steps=5000)
+    shown = run(client, joined["run_id"])
+    assert (shown["total_steps"], shown["step"], shown["epoch"], shown["epochs"]) == (5000, 0, 0, None)
+    post(client, joined, wire.Batch(progress=wire.Progress(epoch=0, epochs=0, step=10, total_steps=0)).to_json())
+    assert (run(client, joined["run_id"])["step"], run(client, joined["run_id"])["total_steps"]) == (10, 5000)
+    post(client, joined, wire.Batch(progress=wire.Progress(epoch=0, epochs=0, step=20, total_steps=8000)).to_json())
+    assert run(client, joined["run_id"])["total_steps"] == 8000
+    join(client, rank=1)  # a process that declares none leaves it
+    assert run(client, joined["run_id"])["total_steps"] == 8000
+    body = {"key": "k", "name": "n", "rank": 0, "world_size": 1, "local_world_size": 1, "host": "h"}
+    refused = client.post("/api/runs/external", json=body | {"total_steps": -1})
+    assert refused.status_code == 422 and "total_steps" in str(refused.json()["detail"])

@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.chart_sections import ChartSections
 from tests.e2e.runs import FINAL, create, loss_steps, output, wait_status
-from tests.live import LiveServer, run_processes, wait_for
+from tests.live import LiveServer, points, run_processes, wait_for
 
 pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
@@ -30,7 +31,8 @@ def test_the_example_script_runs_through_the_dashboard_and_reports_every_step(li
         assert done["status"] == "succeeded", (done["status_reason"], output(live_server, run["id"]))
         steps = loss_steps(api, run["id"])
     assert [step for step, _ in steps] == list(range(1, 513))  # 8,192 samples / 2 ranks / 16, twice
-    shown = re.search(r'<dd id="step">(\d+) of \?</dd>', page)
+    # Its step count: against a total only where the script declared one (report.init(total_steps=...)).
+    shown = re.search(r'<dd id="step">(\d+)(?: of \d+ \([\d.]+%\))?</dd>', page)
     assert shown is not None and int(shown[1]) >= training["step"], "the run page shows no step of the training"
     assert steps[-1][1] < 0.5 * steps[0][1]
     assert (live_server.root / "shared" / "checkpoints" / f"run-{run['id']}" / "snapshot.pt").exists()
@@ -67,3 +69,62 @@ def test_a_script_that_reports_nothing_is_running_once_its_processes_are_up(live
         assert api.get(f"/api/runs/{run['id']}/health").json()["state"] == "ok"
         done = wait_status(api, run["id"], FINAL, timeout=60)
     assert done["status"] == "succeeded", done["status_reason"]
+
+
+W_AND_B_STYLE = """
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from rankboard import report
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+report.init(total_steps=30)  # in a run the dashboard launched, only the total is taken
+target, w = torch.tensor([1.0, -1.0]), torch.zeros(2, requires_grad=True)
+for step in range(30):
+    loss = ((w - target) ** 2).sum() * (rank + 1)
+    loss.backward()
+    dist.all_reduce(w.grad)
+    with torch.no_grad():
+        w -= 0.05 * w.grad / world
+    w.grad = None
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    metrics = {"rank_loss": loss}  # a 0-d tensor, read with .item()
+    if rank == 0:
+        metrics |= {"train": {"loss": mean / world, "w": {"0": w[0], "1": w[1]}}, "lr": np.float32(0.05), "note": "x"}
+        metrics |= {"a": {"b": {"c": step / 10}}, "损失": 1 / (step + 1), "many": {f"k{i:03d}": i for i in range(200)}}
+    report.log(metrics)  # no step: each rank counts its own calls, 0 to 29
+    time.sleep(0.05)  # long enough for the GPU sampler's samples, at unix-second steps, to come between
+report.finished()
+dist.destroy_process_group()
+"""
+
+
+def test_a_script_logging_as_wandb_users_do_gets_every_key_at_its_counted_step(live_server: LiveServer) -> None:
+    """Nested keys, no step, tensors and numpy scalars, a string refused once, and a total declared with init(); no
+    epoch that the script never counted, though the New-run form offers 10."""
+    (live_server.root / "shared" / "wandb_style.py").write_text(W_AND_B_STYLE)
+    with live_server.api() as api:
+        run = create(api, script="wandb_style.py")
+        done = wait_status(api, run["id"], FINAL, timeout=180)
+        assert done["status"] == "succeeded", (done["status_reason"], output(live_server, run["id"]))
+        stored = api.get(f"/api/runs/{run['id']}/metrics").json()
+        keys = [key for key in stored if not key.startswith(("gpu/", "sys/", "many/"))]
+        series = {key: [(p["step"], p["rank"]) for p in points(api, run["id"], key)] for key in keys}
+        loss = [p["value"] for p in points(api, run["id"], "train/loss")]
+        page = ChartSections(api.get(f"/runs/{run['id']}").text)
+    assert (done["step"], done["total_steps"], done["epoch"], done["epochs"]) == (29, 30, 0, None)
+    steps = list(range(30))
+    assert series == {"lr": [(s, 0) for s in steps], "rank_loss": [(s, r) for s in steps for r in (0, 1)],
+                      "train/loss": [(s, 0) for s in steps], "train/w/0": [(s, 0) for s in steps],
+                      "train/w/1": [(s, 0) for s in steps], "a/b/c": [(s, 0) for s in steps],
+                      "损失": [(s, 0) for s in steps]}  # fmt: skip
+    assert sorted(k for k in stored if k.startswith("many/")) == [f"many/k{i:03d}" for i in range(200)]
+    # On the run page, as the browser reads it: each key exactly one chart, in the section its prefix names.
+    charted = [(key, figure["section"]) for figure in page.figures() for key in figure["keys"]]
+    assert sorted(charted) == sorted((key, key.split("/")[0] if "/" in key else "") for key in stored)
+    assert loss[-1] < 0.5 * loss[0]
+    assert output(live_server, run["id"]).count("metric 'note': 'x' is not a number; skipped") == 1

@@ -57,6 +57,7 @@ def join_request(
     config: Mapping[str, Any],
     takes_stop: bool,
     checkpoint_dir: str | os.PathLike[str] | None = None,
+    total_steps: int | None = None,
 ) -> wire.Join:
     """What this process says when it joins: its job's key, its rank among the job's, and its node."""
     return wire.Join(
@@ -69,6 +70,7 @@ def join_request(
         host=wire.node_name(environ, socket.gethostname()),
         takes_stop=takes_stop,
         checkpoint_dir=os.path.abspath(checkpoint_dir) if checkpoint_dir else None,
+        total_steps=total_steps,
     )
 
 

@@ -241,7 +241,7 @@ class RunProcesses:
 class Sink(Protocol):
     """Where samples go: a `report.Reporter`."""
 
-    def log(self, metrics: Mapping[str, float], *, step: int) -> None: ...
+    def sample(self, metrics: Mapping[str, float], *, step: int) -> None: ...
     def node(self, node: wire.Node) -> None: ...
 
 
@@ -335,7 +335,7 @@ class GpuSampler:
         self._last_step = step
         metrics = self._gpu_metrics() if self._nvml is not None else self._system_metrics()
         if metrics:
-            self._sink.log(metrics, step=step)
+            self._sink.sample(metrics, step=step)  # at a clock's step: the script's log() counter stays its own
         return len(metrics)
 
     def _gpu_metrics(self) -> dict[str, float]:

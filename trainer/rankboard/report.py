@@ -2,7 +2,8 @@
 
     from rankboard import report
     report.log({"loss": loss.item()}, step=step)
-    report.progress(wire.Progress(epoch=1, epochs=10, step=step, total_steps=5120))
+    report.log({"train": {"loss": loss, "acc": acc}})  # train/loss, train/acc; at the step after the last (see log())
+    report.progress(step=step, total_steps=5120)  # or a whole wire.Progress(epoch=1, epochs=10, step=..., ...)
     report.heartbeat(step)  # on every rank: "alive at this step", sent every couple of seconds
     report.finished()  # once training completed: the dashboard then trusts that over torchrun's exit code
     report.close()  # also runs at exit
@@ -29,6 +30,7 @@ keeps them all in the spool, in order.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import enum
 import hashlib
 import http.client
@@ -342,6 +344,20 @@ def _end_torn_line(path: Path) -> None:
             file.write(b"\n")
 
 
+@dataclasses.dataclass(frozen=True)
+class _SetProgress:
+    """A progress as the script set it (Reporter.progress).
+
+    One given whole (a `wire.Progress`: the built-in trainer's) rides on every batch, the trainer's heartbeat as
+    `wire.Progress` says. One made from fields (a script's `progress(step=..., total_steps=...)`, or init's total)
+    rides only when it changed: repeated by the reporter's thread while the script hangs, it would say that it
+    moves. `follows_log`: its step is the last one logged, not its own."""
+
+    progress: wire.Progress
+    follows_log: bool = False
+    whole: bool = False
+
+
 class Reporter:
     """Queues metrics in memory and sends them from a daemon thread; log() never blocks and never raises."""
 
@@ -366,7 +382,11 @@ class Reporter:
         self._rank, self._flush_interval, self._max_batch = rank, flush_interval, max_batch
         self._heartbeat_interval = heartbeat_interval
         self._points: deque[_Raw] = deque()
-        self._progress: wire.Progress | None = None
+        # The step the last log() used, and the counter behind a log() that names none (see log()).
+        self._step: object = -1
+        self._counted = 0
+        self._progress: _SetProgress | None = None
+        self._total_steps = 0  # declared by init() or progress(): 0, none
         self._delivered_progress: wire.Progress | None = None  # the last progress sent or spooled
         # The node's inventory (from rankboard.gpu) and this rank's heartbeat ride on a later batch, each once.
         self._host = wire.node_name(os.environ, socket.gethostname())
@@ -430,24 +450,111 @@ class Reporter:
         """Where batches wait while the server cannot be reached."""
         return self._spool.path
 
-    def log(self, metrics: Mapping[str, float], *, step: int, rank: int | None = None) -> None:
-        """Queue one point per metric at this step; returns at once. `rank` reports for another rank (rank 0
-        relaying what it gathered from all of them); by default the point is this process's rank's."""
+    def log(self, metrics: Mapping[str, object], *, step: int | None = None, rank: int | None = None) -> None:
+        """Queue one point per metric at `step` (None: the step after the last one logged); returns at once and never
+        raises. `rank` reports for another rank (rank 0 relaying what it gathered from all of them); by default the
+        point is this process's rank's. The values it takes: see the module's `log()`."""
         if self._closed:
             self._warn("closed", "log() after close() is ignored")
             return
+        if step is None:
+            step = self._step_counted()
+        self._step = step  # checked by the thread, where a step that is no plain int costs the loop nothing
+        # The training loop's cost: a plain float goes straight into the queue, in a loop that nothing else slows
+        # (bench/log_call.py); every other value (a nested mapping, a tensor, an int) takes _queue_other.
         now = time.time()
-        for key, value in metrics.items():
-            try:
-                self._points.append((key, step, float(value), now, rank))
-            except Exception:
-                self._warn(f"value {key}", f"metric {key!r}: {value!r} is not a number; skipped")
+        try:
+            items = metrics.items()
+        except AttributeError:
+            self._warn("not a mapping", f"log() takes a mapping of names to numbers, not {_described(metrics)}")
+            return
+        for key, value in items:
+            if type(value) is float:
+                self._points.append((key, step, value, now, rank))
+            else:
+                self._queue_other(key, value, step, now, rank)
         if len(self._points) >= self._max_batch and not self._wake.is_set():
             self._wake.set()
 
-    def progress(self, progress: wire.Progress) -> None:
-        """Set the progress that the next batch, or heartbeat, carries."""
-        self._progress = progress
+    def sample(self, metrics: Mapping[str, float], *, step: int) -> None:
+        """Queue samples at a step of a clock's (rankboard.gpu's: unix seconds), which never moves log()'s counter."""
+        if self._closed:
+            return
+        now = time.time()
+        for key, value in metrics.items():
+            self._queue_other(key, value, step, now, None)
+        if len(self._points) >= self._max_batch and not self._wake.is_set():
+            self._wake.set()
+
+    def _step_counted(self) -> int:
+        """The step of a log() that names none: the one after the last step logged (a numpy or torch integer
+        included), or, after one that is no integer (skipped by the thread), after the last one counted here."""
+        last = self._step
+        if type(last) is not int:
+            last = _index(last)
+        step = last + 1 if last >= 0 else self._counted
+        self._counted = step + 1
+        return step
+
+    def _last_step(self) -> int:
+        """The step the last log() used; 0 before the first, or after one that is no integer."""
+        return max(_index(self._step), 0)
+
+    def _queue_other(self, key: object, value: object, step: int, now: float, rank: int | None) -> None:
+        """Queue a value that is no plain float: a mapping flattened under `key`, a number as a float, and anything
+        else refused with a warning naming the key, once per key."""
+        if type(value) is dict:  # before the numbers: the common nested case, and a check cheaper than Mapping's
+            self._queue_nested(key, value, step, now, rank)
+            return
+        try:
+            number = _number(value)
+        except Exception as error:  # a tensor that cannot be read (a CUDA error): said, never raised into the loop
+            self._warn(f"value {key}", f"metric {key!r}: {_described(value)} cannot be read ({error!r}); skipped")
+            return
+        if number is not None:
+            self._points.append((key, step, number, now, rank))  # type: ignore[arg-type]  # _columns checks the key
+        elif isinstance(value, Mapping):
+            self._queue_nested(key, value, step, now, rank)
+        else:
+            self._warn(f"value {key}", f"metric {key!r}: {_described(value)} is not a number; skipped")
+
+    def _queue_nested(self, prefix: object, metrics: Mapping[object, object], step: int, now: float,
+                      rank: int | None) -> None:  # fmt: skip
+        """Queue a mapping's values under `prefix/key`, at any depth."""
+        for key, value in metrics.items():
+            if not (isinstance(prefix, str) and isinstance(key, str)):
+                self._warn(f"key {prefix!r}/{key!r}"[:100], f"metric {prefix!r} holds the key {key!r}: nested keys "
+                                                           "must be strings, joined by '/'; skipped")  # fmt: skip
+                continue
+            name = f"{prefix}/{key}"
+            if len(name) > wire.MAX_KEY_LENGTH:  # also ends a mapping that holds itself
+                self._warn(f"key {name[:80]}", f"metric {name[:80]!r}...: longer than {wire.MAX_KEY_LENGTH} "
+                                               "characters; skipped")  # fmt: skip
+            elif type(value) is float:
+                self._points.append((name, step, value, now, rank))
+            else:
+                self._queue_other(name, value, step, now, rank)
+
+    def progress(
+        self,
+        progress: wire.Progress | None = None,
+        *,
+        step: int | None = None,
+        total_steps: int | None = None,
+        epoch: int = 0,
+        epochs: int = 0,
+        samples_per_s: float = 0.0,
+    ) -> None:
+        """Set the progress that the next batch carries: a whole `wire.Progress`, or its fields (see the module's
+        `progress()`: `step` None follows the last step logged, `total_steps` None keeps the one declared)."""
+        if progress is not None:
+            self._progress = _SetProgress(progress, whole=True)
+            return
+        if total_steps is not None:
+            self._total_steps = total_steps
+        made = wire.Progress(epoch=epoch, epochs=epochs, step=0 if step is None else step,
+                             total_steps=self._total_steps, samples_per_s=samples_per_s)  # fmt: skip
+        self._progress = _SetProgress(made, follows_log=step is None)  # one assignment: the thread reads it whole
 
     def node(self, node: wire.Node) -> None:
         """Set this node's GPU inventory; the next batch carries it if it differs from the last one sent."""
@@ -511,8 +618,11 @@ class Reporter:
         if self._spool.pending:
             self._replay_spool()
         self._beat_sent_at = -math.inf  # the last heartbeat goes now, however recent the one before
+        progress = self._progress_due()
         final_progress_due = (
-            self._progress is not self._delivered_progress or any(self._due_extras()) or self._join is not None
+            (progress is not None and progress is not self._delivered_progress)
+            or any(self._due_extras())
+            or self._join is not None
         )
         while (self._points or final_progress_due) and not self._run_over:
             self._deliver(self._take_batch(), keep_empty=True)
@@ -533,7 +643,7 @@ class Reporter:
         """Send a batch, or spool it: always while older batches wait in the spool, so that order is kept, unless the
         only one waiting is a batch the server failed on: this one then tells whether that batch or the server is at
         fault (an empty heartbeat would not: a server that cannot write may still take it)."""
-        progress = self._progress
+        progress = self._progress_due()
         node, beat = self._due_extras()
         ended = self._ended_now()
         body = self._encode(points, progress, node=node, heartbeat=beat, ended=ended)
@@ -543,8 +653,7 @@ class Reporter:
             if not outcome.keeps:
                 if self._spool.pending and outcome is not Outcome.RUN_OVER:
                     self._spool.set_aside_rest(self._set_aside)  # the server takes batches, not that one
-                self._delivered_progress = progress
-                self._delivered_extras(node, beat)
+                self._delivered_extras(node, beat, progress)
                 return
             self._retry_at = time.monotonic() + self._retry_delay
         if not points and not keep_empty:
@@ -553,8 +662,7 @@ class Reporter:
             body = self._encode(points, progress, node=node, heartbeat=beat)
         try:
             self._spool.append(body, failed=outcome is Outcome.SERVER_ERROR)
-            self._delivered_progress = progress
-            self._delivered_extras(node, beat)
+            self._delivered_extras(node, beat, progress)
         except OSError as error:
             self._warn("spool write", f"cannot write the spool {self._spool.path} ({error}); points are lost")
 
@@ -664,7 +772,22 @@ class Reporter:
             step = self._good_step("heartbeat", step)
         return node, None if step is None else wire.Heartbeat(self._rank, self._host, step)
 
-    def _delivered_extras(self, node: wire.Node | None, beat: wire.Heartbeat | None) -> None:
+    def _progress_due(self) -> wire.Progress | None:
+        """The progress the next batch carries: one given whole on every batch, one made from fields only when it
+        differs from the last delivered (its step the last one logged where the script gave none)."""
+        current = self._progress
+        if current is None:
+            return None
+        progress = current.progress
+        if current.follows_log:
+            progress = dataclasses.replace(progress, step=self._last_step())
+        return progress if current.whole or progress != self._delivered_progress else None
+
+    def _delivered_extras(
+        self, node: wire.Node | None, beat: wire.Heartbeat | None, progress: wire.Progress | None = None
+    ) -> None:
+        if progress is not None:
+            self._delivered_progress = progress
         if node is not None:
             self._delivered_node = node
         if beat is not None:
@@ -796,6 +919,47 @@ def _float(number: object) -> float:
         return math.nan
 
 
+def _number(value: object) -> float | None:
+    """A metric's value as a float; None for what is not one number. Neither torch nor numpy is imported: an int
+    or bool (True is 1.0), a numpy scalar and anything else with `__float__` is read with float(), a tensor or array
+    of one element (torch's, numpy's, JAX's) with `.item()`, which on a GPU waits for the GPU (a sync); never a
+    string's text."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    numpy = sys.modules.get("numpy")  # only a script that imported numpy has its scalars
+    if numpy is not None and isinstance(value, numpy.generic):  # float() costs a tenth of .item() on these
+        return float(value) if isinstance(value, (numpy.integer, numpy.floating, numpy.bool_)) else None
+    if isinstance(value, (str, bytes, bytearray, complex)):
+        return None
+    item = getattr(value, "item", None)
+    if callable(item):
+        if not _one_element(value):
+            return None
+        value = item()
+        return float(value) if isinstance(value, (int, float)) else None  # a complex tensor's is refused
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _one_element(value: object) -> bool:
+    """Whether a tensor or array (torch's, numpy's, JAX's) holds exactly one element."""
+    if getattr(value, "ndim", None) == 0:
+        return True
+    numel = getattr(value, "numel", None)  # torch's size is a method, numpy's a number
+    return (numel() if callable(numel) else getattr(value, "size", None)) == 1
+
+
+def _described(value: object) -> str:
+    """A value as a warning names it: a tensor or array by its type and shape, never all its elements."""
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple):  # torch.Size is a tuple too
+        return f"a {type(value).__name__} of shape {tuple(shape)}"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
+
+
 def json_safe(value: Any) -> Any:
     """A config with its NaN and infinities as the strings `wire.encode_value` writes: JSON has no such numbers, and
     the server refuses them where they are not a metric's values."""
@@ -863,6 +1027,7 @@ def init(
     takes_stop: bool = False,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     sample_gpus: bool = True,
+    total_steps: int | None = None,
 ) -> Reporter | None:
     """Report a script launched elsewhere (its own sbatch, torchrun or Kubernetes job) into one run; call it on every
     rank, before the first log(). Returns at once: the reporter's thread joins the run, and spools until it can.
@@ -873,20 +1038,24 @@ def init(
     `checkpoint_dir`: where it saves checkpoints named `wire.checkpoint_name(step)`, in the shared folder, for the
     dashboard to list, inspect, download and prune. Each
     node's local rank 0 also samples its GPUs (`sample_gpus`). In a run that Rankboard launched, the launcher's
-    environment already says all this: the arguments are ignored. Never raises.
+    environment already says all this: the arguments are ignored, but for `total_steps`, the steps the script will
+    train, which the dashboard shows progress against in either kind of run (see progress()). Never raises.
     """
     global _default, _default_made
     environ = os.environ
+    total = _declared_total(total_steps)
     with _default_lock:
         if environ.get(wire.ENV_RUN_ID) or _default_made:
             if _default_made and not environ.get(wire.ENV_RUN_ID):
                 _stderr("report.init() was called after the reporter was made (a second init, or a log before it)")
         else:
             _default = _external_reporter(server, name, config, token=token, key=key, takes_stop=takes_stop,
-                                          checkpoint_dir=checkpoint_dir)  # fmt: skip
+                                          checkpoint_dir=checkpoint_dir, total_steps=total)  # fmt: skip
             _default_made = True
             sys.excepthook = _note_uncaught(sys.excepthook)
     reporter = _reporter()
+    if reporter is not None and total is not None:
+        reporter.progress(total_steps=total)
     if reporter is not None and sample_gpus:
         from . import gpu  # here: a script that samples nothing never imports NVML's bindings
 
@@ -903,6 +1072,7 @@ def _external_reporter(
     key: str | None,
     takes_stop: bool,
     checkpoint_dir: str | os.PathLike[str] | None,
+    total_steps: int | None,
 ) -> Reporter | None:
     environ = os.environ
     url = server or environ.get(wire.ENV_URL)
@@ -915,7 +1085,7 @@ def _external_reporter(
         if json.dumps(safe_config, default=str) != json.dumps(config or {}, default=str):  # never ==: numpy arrays
             _stderr('report.init(): the config\'s NaN and infinities are sent as the strings "NaN" and "Infinity"')
         request = external.join_request(environ, key=key, name=name, config=safe_config, takes_stop=takes_stop,
-                                        checkpoint_dir=checkpoint_dir)  # fmt: skip
+                                        checkpoint_dir=checkpoint_dir, total_steps=total_steps)  # fmt: skip
         digest = hashlib.sha256(request.key.encode()).hexdigest()[:16]
         spool_dir = Path(tempfile.gettempdir()) / f"rankboard-{digest}"  # the same for a restarted process
         api_token = token if token is not None else environ.get(wire.ENV_TOKEN, "")
@@ -925,6 +1095,17 @@ def _external_reporter(
     except Exception as error:  # a bad URL or environment must not stop the training
         _stderr(f"cannot report metrics: {error}")
         return None
+
+
+def _declared_total(total_steps: object) -> int | None:
+    """init()'s total as a plain int; None, with a line on stderr, for one the server would refuse."""
+    if total_steps is None:
+        return None
+    count = _count(total_steps)
+    if 0 <= count <= wire.MAX_STEP:
+        return count
+    _stderr(f"report.init(): total_steps={total_steps!r} is not a count in 0..{wire.MAX_STEP}; no total declared")
+    return None
 
 
 def _note_uncaught(previous: Callable[..., Any]) -> Callable[..., Any]:
@@ -944,19 +1125,46 @@ def stop_requested() -> bool:
     return _default is not None and _default.stop_requested()
 
 
-def log(metrics: Mapping[str, float], *, step: int, rank: int | None = None) -> None:
+def log(metrics: Mapping[str, object], *, step: int | None = None, rank: int | None = None) -> None:
     """Queue one point per metric at this step, for this process's rank (or `rank`); a no-op outside a dashboard
-    run."""
+    run. Returns at once and never raises: training never waits on it, nor fails by it.
+
+    - A nested mapping is flattened, its keys joined by "/" at any depth: `{"train": {"loss": l}}` is `train/loss`.
+    - `step` left out: the step after the one the last log() used, as `wandb.log` counts: 0, 1, 2... for calls that
+      name none; a call that names one sets the counter, so the next one without continues at `step + 1`. One
+      counter per process (each rank counts its own calls).
+    - A value is a number: an int, a float, a bool (True as 1.0, as W&B takes it), a numpy scalar, or a tensor or
+      array of one element (torch's, numpy's), read with `.item()`. On a GPU, `.item()` waits for the GPU to finish
+      the work queued so far (a sync), as `loss.item()` in the loop does: where that matters, log such values every
+      N steps. Neither torch nor numpy is imported by the client.
+    - Anything else (a string, a list, None, a tensor of several elements) is skipped, with a warning on stderr
+      naming its key, once per key.
+    """
     reporter = _default if _default_made else _reporter()
     if reporter is not None:
         reporter.log(metrics, step=step, rank=rank)
 
 
-def progress(progress: wire.Progress) -> None:
-    """Set where training stands; the next batch or heartbeat carries it."""
+def progress(
+    progress: wire.Progress | None = None,
+    *,
+    step: int | None = None,
+    total_steps: int | None = None,
+    epoch: int = 0,
+    epochs: int = 0,
+    samples_per_s: float = 0.0,
+) -> None:
+    """Set where training stands, which the next batch carries: `report.progress(step=s, total_steps=n)` from a
+    script, or a whole `wire.Progress` (the built-in trainer's).
+
+    `step` left out follows the last step logged; `total_steps` left out keeps the total declared before (with
+    init(total_steps=...) or here), and 0 means none: the dashboard then shows a step count, no progress bar.
+    An epoch left at 0 says the script counts none. A no-op outside a dashboard run.
+    """
     reporter = _default if _default_made else _reporter()
     if reporter is not None:
-        reporter.progress(progress)
+        reporter.progress(progress, step=step, total_steps=total_steps, epoch=epoch, epochs=epochs,
+                          samples_per_s=samples_per_s)  # fmt: skip
 
 
 def heartbeat(step: int) -> None:

@@ -306,6 +306,7 @@ class Join:
     host: str
     takes_stop: bool = False
     checkpoint_dir: str | None = None  # absolute: where the script saves its checkpoints (named as CHECKPOINT_GLOB)
+    total_steps: int | None = None  # the steps the script declared it will train (report.init); None: not declared
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
