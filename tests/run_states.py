@@ -53,9 +53,12 @@ STATES: dict[str, tuple[RunStatus, str]] = {
     "not progressing": (RunStatus.running, "not progressing: no rank has reported a new step"),
     "restarted": (RunStatus.running, "restart 1 of 3: local rank 1 (pid 4242) was killed by SIGKILL"),
     "resumed": (RunStatus.queued, "resume requested: continues from"),
+    "script": (RunStatus.running, "the trainer reported its first step"),
     "launched elsewhere": (RunStatus.running, "launched elsewhere (torchrun:walk-job)"),
 }
 ELSEWHERE = "launched elsewhere"  # its own torchrun, reporting in: no process, log or checkpoint of the server's
+SCRIPT = "script"  # the user's own script, launched by the server: it logs, and reports no epoch, total or rate
+SCRIPT_FILE = "scripts/walk_train.py"  # in the shared folder
 WAITING = ("queued", "queued in Slurm")  # nothing started: no process, no log, no metric
 UNSTARTED = (*WAITING, "starting")  # no metrics and no checkpoint yet; a starting run's logs are still empty
 STALE = timedelta(minutes=30)  # the not-progressing run's heartbeats: older than any stall_after_s a test uses
@@ -83,10 +86,10 @@ def seed_states(
     api: httpx.Client, sessions: Sessions, shared: Path, states: Iterable[str] = tuple(STATES)
 ) -> dict[str, Seeded]:
     """One run per state (of STATES); the restart and not-progressing events come from the supervisor's next tick."""
-    seeded = _create(sessions, [state for state in states if state != ELSEWHERE])
+    seeded = _create(sessions, [state for state in states if state != ELSEWHERE], shared)
     for run in seeded.values():
         if run.state not in UNSTARTED:
-            _report(api, run.id)
+            _report(api, run.id, script=run.state == SCRIPT)
         if run.state == "failed":
             _nonfinite(api, run.id)
         if run.state == "stopped":  # rank 1's replica drifted, seen at the fingerprint of step 40
@@ -103,16 +106,18 @@ def seed_states(
     return seeded
 
 
-def _create(sessions: Sessions, states: Iterable[str]) -> dict[str, Seeded]:
+def _create(sessions: Sessions, states: Iterable[str], shared: Path) -> dict[str, Seeded]:
     """The runs, each as the launcher leaves it once torchrun is up (the queued one still waiting)."""
     me, now = os.getpid(), utcnow()
     seeded = {}
     with sessions() as db, db.begin():
         for state in states:
             status, says = STATES[state]
-            spec = RunCreate(name=f"walk {state}", epochs=5, max_restarts=3 if state == "restarted" else 0,
-                             launcher="slurm" if state == "queued in Slurm" else "local")  # fmt: skip
-            run = Run(**spec.model_dump(exclude={"allow_low_disk"}), status=RunStatus.queued, status_reason="")
+            spec = _script_spec(shared) if state == SCRIPT else RunCreate(
+                name=f"walk {state}", epochs=5, max_restarts=3 if state == "restarted" else 0,
+                launcher="slurm" if state == "queued in Slurm" else "local")  # fmt: skip
+            # As services.runs.create_run stores it: its columns, and its options (a script's: its arguments).
+            run = Run(**spec.columns(), config=spec.config(), status=RunStatus.queued, status_reason="")
             db.add(run)
             db.flush()
             transitions.move(db, run, RunStatus.queued, "created; waiting for free process slots")
@@ -128,6 +133,15 @@ def _create(sessions: Sessions, states: Iterable[str]) -> dict[str, Seeded]:
     return seeded
 
 
+def _script_spec(shared: Path) -> RunCreate:
+    """A run of the user's own script (in the shared folder, with its arguments), as the server stores it."""
+    script = shared / SCRIPT_FILE
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("from rankboard import report\n")
+    spec = RunCreate(name=f"walk {SCRIPT}", script=SCRIPT_FILE, script_args=["--lr", "3e-4", "--epochs", "2"])
+    return spec.model_copy(update={"script": str(script), "workload": "script"})
+
+
 def _join_elsewhere(api: httpx.Client) -> Seeded:
     """A 2-rank job started by the user's own torchrun: both processes join through the API, and report."""
     job = {"key": "torchrun:walk-job", "name": f"walk {ELSEWHERE}", "world_size": 2, "local_world_size": 2,
@@ -138,10 +152,13 @@ def _join_elsewhere(api: httpx.Client) -> Seeded:
     return Seeded(ELSEWHERE, joined[0]["run_id"], f"walk {ELSEWHERE}", status, says)
 
 
-def _report(api: httpx.Client, run_id: int, token: str = TOKEN) -> None:
-    """What a 2-rank trainer on a 2-GPU node sends: losses, rates, each rank's step time, GPU samples, heartbeats."""
-    points = [wire.Point(key, step, value, 0, 1.7e9 + step) for step in range(1, STEPS + 1)
-              for key, value in (("loss", 2.0 / step), ("samples_per_s", 800.0 + step), ("lr", 1e-3))]  # fmt: skip
+def _report(api: httpx.Client, run_id: int, token: str = TOKEN, *, script: bool = False) -> None:
+    """What a 2-rank trainer on a 2-GPU node sends: losses, rates, each rank's step time, GPU samples, heartbeats. A
+    script's (`script`) logs its points a step a second, and says nothing of its epoch, total or samples a second."""
+    logged = ("loss", "lr") if script else ("loss", "samples_per_s", "lr")
+    values = {"loss": lambda step: 2.0 / step, "samples_per_s": lambda step: 800.0 + step, "lr": lambda step: 1e-3}
+    points = [wire.Point(key, step, values[key](step), 0, 1.7e9 + step)
+              for step in range(1, STEPS + 1) for key in logged]  # fmt: skip
     points += [wire.Point("val_loss", step, 2.5 / step, 0, 1.7e9) for step in range(10, STEPS + 1, 10)]
     points += [wire.Point("rank/step_ms", step, 20.0 + rank, rank, 1.7e9) for step in range(1, STEPS + 1)
                for rank in (0, 1)]  # fmt: skip
@@ -154,7 +171,8 @@ def _report(api: httpx.Client, run_id: int, token: str = TOKEN) -> None:
     points += [wire.Point(wire.GPU_KEY.format(host=HOST, index=gpu, field=field), now - ago, value, gpu, now - ago)
                for ago in range(20, 0, -2) for gpu in (0, 1) for field, value in samples.items()]  # fmt: skip
     node = wire.Node(HOST, tuple(wire.Gpu(i, f"GPU-{i}0000000-walk", "NVIDIA H100 80GB HBM3") for i in (0, 1)))
-    progress = wire.Progress(epoch=2, epochs=5, step=STEPS, total_steps=TOTAL_STEPS, samples_per_s=812.5)
+    progress = None if script else wire.Progress(epoch=2, epochs=5, step=STEPS, total_steps=TOTAL_STEPS,
+                                                 samples_per_s=812.5)  # fmt: skip
     batches = [wire.Batch(tuple(points), progress, node)]
     batches += [wire.Batch(heartbeat=wire.Heartbeat(rank, HOST, STEPS - rank)) for rank in (0, 1)]
     for batch in batches:

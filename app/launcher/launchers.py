@@ -21,6 +21,12 @@ def kind(name: str) -> type[Launcher]:
     return KINDS[name]
 
 
+def trains_builtin(run: Run) -> bool:
+    """Whether the run trains a built-in workload (the trainer that declares its epochs and total, reports samples a
+    second and keeps a goodput ledger), not a user's script nor a job launched elsewhere."""
+    return run.script is None and not kind(run.launcher).joins
+
+
 @dataclass(frozen=True)
 class Launchers:
     """This host's launcher, the Slurm one when the settings and the host allow it, and the one of runs launched

@@ -22,8 +22,17 @@ class Goodput(BaseModel):
     wall_s: float
     total_s: float  # wall_s x processes, summed over runs for a set
     parts: list[GoodputPart]
-    goodput: float | None  # None while nothing is known (the whole is 0)
+    goodput: float | None = Field(
+        description="Training (new steps) over the whole, 0..1. None while nothing is known: the whole is 0, or the "
+        "run is not itemized. For a set of runs: over its itemized runs only."
+    )
     startup_phases: dict[str, float] = Field(default_factory=dict)
     repeated_steps: int = 0
-    itemized: bool = True  # every rank sent a ledger
+    itemized: bool = Field(
+        default=True,
+        description="Whether the run's time is laid out by part: every rank of every launch sent the built-in "
+        "trainer's timings (its goodput ledger). False for a run of a user's script or one launched elsewhere, which "
+        "send none: then `goodput` is None, and the parts hold only what the server knows without them (the queue, "
+        "the stalls) and `unitemized`, the rest of the time its processes held. For a set of runs: all of them are.",
+    )
     runs: int = 1

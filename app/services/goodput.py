@@ -11,9 +11,12 @@ processes. Each rank's share of it is laid out on a timeline, so the parts add u
 - "not progressing" episodes (the health check's events): stalls, out of the steps they overlap;
 - after the last report to the end: stopping and exit; while the run is live, "since the last report".
 
-A rank that sent no ledger (a user's script) shows its held time as not itemized. Ledger times are the nodes'
-clocks and events the server's: each process's span is clamped into its launch window, so a small skew moves
-time between neighbouring parts but never makes the sum wrong.
+A rank that sent no ledger (a user's script, a run launched elsewhere: only the built-in trainer keeps one) shows
+its held time as not itemized, less what the server knows without one: the queue and the stalls. Such a run has no
+goodput figure (None, `itemized` False): its training is not told apart from its data waits, checkpoints and
+restarts, and a 0% would blame it for time it may well have trained. Ledger times are the nodes' clocks and events
+the server's: each process's span is clamped into its launch window, so a small skew moves time between neighbouring
+parts but never makes the sum wrong.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
 from app.core.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
-from app.launcher.launchers import kind
+from app.launcher.launchers import kind, trains_builtin
 from app.schemas.goodput import Goodput, GoodputPart
 from app.services import health
 from app.store import goodput as goodput_store
@@ -125,18 +128,20 @@ def compute(
     by_rank: dict[int, list[_Ledger]] = defaultdict(list)
     for ledger in ledgers:
         by_rank[ledger.rank].append(ledger)
-    for rank in range(ranks):
-        for segment in segments:
-            _lay_rank(seconds, segment, by_rank.get(rank, []), stalls, repeated)
+    laid = [_lay_rank(seconds, segment, by_rank.get(rank, []), stalls, repeated)
+            for rank in range(ranks) for segment in segments]  # fmt: skip
     wall = sum(segment.end - segment.start for segment in segments)
     phases = {name: value for name in STARTUP_PHASES if (value := seconds.pop(name, 0.0)) > 0}
     seconds["startup"] += sum(phases.values())
+    # Before its launch, a run of a script is known not to itemize its time: its page says so from the start.
+    itemized = all(laid) and (bool(ledgers) or trains_builtin(run))
     return _goodput(seconds, wall=wall, processes=ranks, phases=phases,
-                    repeated_steps=sum(repeated.values()), itemized=not seconds.get("unitemized"))  # fmt: skip
+                    repeated_steps=sum(repeated.values()), itemized=itemized)  # fmt: skip
 
 
 def combine(each: list[Goodput]) -> Goodput:
-    """The goodput of a set of runs: their parts and wholes summed."""
+    """The goodput of a set of runs: their parts and wholes summed; its figure over the itemized runs only, so that
+    runs of scripts (no ledger) neither count as 0% nor hide the figure of the others."""
     seconds: dict[str, float] = defaultdict(float)
     phases: dict[str, float] = defaultdict(float)
     for one in each:
@@ -148,7 +153,10 @@ def combine(each: list[Goodput]) -> Goodput:
     result = _goodput(seconds, wall=wall, processes=sum(one.processes for one in each), phases=dict(phases),
                       repeated_steps=sum(one.repeated_steps for one in each),
                       itemized=all(one.itemized for one in each))  # fmt: skip
-    return result.model_copy(update={"runs": len(each)})
+    counted = [one for one in each if one.itemized]
+    whole = sum(one.total_s for one in counted)
+    trained = sum(part.seconds for one in counted for part in one.parts if part.name == "training")
+    return result.model_copy(update={"runs": len(each), "goodput": trained / whole if whole > 0 else None})
 
 
 def _goodput(
@@ -159,9 +167,9 @@ def _goodput(
     parts = [
         GoodputPart(name=name, label=label, seconds=seconds[name], share=seconds[name] / total if total > 0 else 0.0)
         for name, label in PART_LABELS.items()
-        if seconds.get(name, 0.0) > 0 or name == "training"
+        if seconds.get(name, 0.0) > 0 or (name == "training" and itemized)  # not itemized: training is not known
     ]
-    good = seconds.get("training", 0.0) / total if total > 0 else None
+    good = seconds.get("training", 0.0) / total if total > 0 and itemized else None
     return Goodput(processes=processes, wall_s=wall, total_s=total, parts=parts, goodput=good, startup_phases=phases,
                    repeated_steps=repeated_steps, itemized=itemized)  # fmt: skip
 
@@ -239,17 +247,20 @@ def _repeated_steps(ledgers: list[_Ledger], reached_before: dict[float, int]) ->
 def _lay_rank(
     seconds: dict[str, float], segment: _Segment, ledgers: list[_Ledger], stalls: list[tuple[float, float]],
     repeated: dict[str, int],
-) -> None:  # fmt: skip
-    """Add one rank's share of one segment to `seconds`: queue, then its processes in order, then the tail."""
+) -> bool:  # fmt: skip
+    """Add one rank's share of one segment to `seconds`: queue, then its processes in order, then the tail. False
+    where its processes sent no ledger, so that their time is not itemized."""
     if segment.launch is None:
         seconds["queue"] += segment.end - segment.start
-        return
+        return True
     seconds["queue"] += segment.launch - segment.start
     mine = sorted((lg for lg in ledgers if segment.launch - SKEW_S <= lg.start <= segment.end + SKEW_S),
                   key=lambda lg: lg.start)  # fmt: skip
-    if not mine:
-        seconds["unitemized"] += segment.end - segment.launch
-        return
+    if not mine:  # the stalls are the health check's events: known without a ledger
+        stalled = _overlap(stalls, segment.launch, segment.end)
+        seconds["stalls"] += stalled
+        seconds["unitemized"] += segment.end - segment.launch - stalled
+        return False
     cursor = segment.launch
     for index, ledger in enumerate(mine):
         begin = min(max(ledger.start, cursor), segment.end)
@@ -258,6 +269,12 @@ def _lay_rank(
         _lay_ledger(seconds, ledger, begin, end, stalls, repeated.get(ledger.attempt, 0))
         cursor = end
     seconds["pending" if segment.live else "stopping"] += segment.end - cursor
+    return True
+
+
+def _overlap(spans: list[tuple[float, float]], begin: float, end: float) -> float:
+    """How long the spans (not overlapping each other) cover of [begin, end]."""
+    return sum(max(0.0, min(e, end) - max(b, begin)) for b, e in spans)
 
 
 def _lay_ledger(
@@ -272,7 +289,7 @@ def _lay_ledger(
         seconds["startup_launch"] += end - begin
         return
     parts = {name: value * scale for name, value in parts.items()}
-    stalled = min(parts["step"], sum(max(0.0, min(e, end) - max(b, begin)) for b, e in stalls))
+    stalled = min(parts["step"], _overlap(stalls, begin, end))
     parts["step"] -= stalled
     seconds["stalls"] += stalled
     taken = ledger.values.get("step_reached", 0.0) - ledger.values.get("first_step", 0.0)

@@ -35,7 +35,7 @@ def sizes(*, capacity: int) -> list[int]:
 def start_sweep(
     db: Session, *, run_id: int, settings: Settings, folders: RunFolders, launchers: Launchers, actor: str
 ) -> Sweep:
-    """Queue the run's config at each size for one epoch; raises RunNotFound, FieldInvalid for a Slurm run."""
+    """Queue the run's config at each size for one epoch; raises RunNotFound, FieldInvalid where `refusal` says."""
     with db.begin():  # read, and let go: each run is created in its own transaction, as a user's would be
         specs = _specs(runs.get_run(db, run_id=run_id), capacity=launchers.local.capacity)
     for spec in specs:
@@ -44,10 +44,17 @@ def start_sweep(
     return sweep_of(db, run_id=run_id)
 
 
+def refusal(run: Run) -> str | None:
+    """Why the run's options cannot be swept; None where they can: a built-in workload, on this host."""
+    if run.script:  # its epochs (if any) are its arguments', and its throughput whatever it chose to report
+        return "a scaling sweep trains a built-in workload for one epoch at each size; this run is of a script"
+    return kind(run.launcher).sweep_refusal(run)
+
+
 def _specs(origin: Run, *, capacity: int) -> list[RunCreate]:
     """The origin's options at each size, for one epoch, without restarts."""
-    if refusal := kind(origin.launcher).sweep_refusal(origin):
-        raise FieldInvalid("launcher", refusal)
+    if why := refusal(origin):
+        raise FieldInvalid("launcher" if origin.script is None else "script", why)
     options = RunCreate.values_of(origin)
     return [RunCreate.model_validate({**options, "nproc_per_node": processes, "epochs": 1, "max_restarts": 0,
                                       "name": f"{origin.name[:60]} · sweep {processes}p"})

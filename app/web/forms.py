@@ -11,7 +11,8 @@ from rankboard import wire
 from app.core.errors import FormInvalid
 from app.core.models import Run
 from app.core.option_text import as_form_text
-from app.schemas.runs import RunCreate
+from app.launcher.launchers import kind
+from app.schemas.runs import RunCreate, RunDetail
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,17 @@ def parse_run_form(values: dict[str, str]) -> RunCreate:
     return spec
 
 
+def like_refusal(run: Run | RunDetail) -> str | None:
+    """Why "New run like this" cannot start a run like this one; None where it can (a built-in workload, or a script
+    with its arguments: the form holds everything the run was started with)."""
+    if kind(run.launcher).joins:  # its processes joined the run: their command is known only where they started
+        return "it was launched elsewhere, and Rankboard does not know its command"
+    return None
+
+
 def form_values_like(run: Run) -> dict[str, str]:
-    """ "New run like this": the form filled with what the run had; the options it never had keep their defaults."""
+    """ "New run like this": the form filled with what the run had; the options it never had keep their defaults. A
+    script's run: its script, its arguments and its processes, so that the form starts the same command again."""
     return as_form_text(RunCreate.values_of(run))
 
 

@@ -75,3 +75,33 @@ def test_steps_taken_again_after_a_restart_are_lost_in_proportion() -> None:
     parts = {part.name: part.seconds for part in result.parts}
     assert result.repeated_steps == 30
     assert parts == pytest.approx({"training": 40 + 50 * 20 / 50, "repeated": 50 * 30 / 50, "restarts": 10})
+
+
+def test_a_scripts_run_is_not_itemized_and_shows_only_what_the_server_knows_of_it() -> None:
+    """A user's script sends no ledger: its queue and its stalls (the server's own events) are known, the rest of
+    its held time is not told apart, so it gets no goodput figure rather than 0%."""
+    run = Run(id=4, name="script", created_at=T0, nproc_per_node=2, launcher="local", slurm_nodes=1, script="t.py")
+    events = [
+        event(0, RunStatus.queued), event(10, RunStatus.starting), event(12, RunStatus.running),
+        event(50, RunStatus.running, "not progressing: no rank has reported a new step"),
+        event(70, RunStatus.running, "progressing again: the ranks' steps move again"),
+        event(110, RunStatus.succeeded),
+    ]  # fmt: skip
+    result = goodput.compute(run, events, [], now=at(200))
+    parts = {part.name: part.seconds for part in result.parts}
+    assert parts == pytest.approx({"queue": 2 * 10, "stalls": 2 * 20, "unitemized": 2 * (100 - 20)})
+    assert result.total_s == pytest.approx(2 * 110) and not result.itemized and result.goodput is None
+
+    waiting = goodput.compute(run, [event(0, RunStatus.queued)], [], now=at(30))
+    assert not waiting.itemized and waiting.goodput is None  # known before its launch: a script keeps no ledger
+
+
+def test_a_summary_figures_goodput_over_its_itemized_runs_only() -> None:
+    built_in = Run(id=5, name="built-in", created_at=T0, nproc_per_node=1, launcher="local", slurm_nodes=1)
+    events = [event(0, RunStatus.queued), event(0, RunStatus.starting), event(100, RunStatus.succeeded)]
+    trained = goodput.compute(built_in, events, [ledger("a.0", 0, 100, (0, 50), step=80, data=20)], now=at(100))
+    script = Run(id=6, name="script", created_at=T0, nproc_per_node=1, launcher="local", slurm_nodes=1, script="t.py")
+    silent = goodput.compute(script, events, [], now=at(100))
+    both = goodput.combine([trained, silent])
+    assert trained.goodput == pytest.approx(0.8) and both.goodput == pytest.approx(0.8)
+    assert not both.itemized and both.total_s == pytest.approx(200)  # the whole still counts every run's time

@@ -26,7 +26,17 @@ from rankboard import wire
 from app.core.models import RunStatus
 from app.core.settings import Settings
 from app.main import create_app
-from tests.run_states import ELSEWHERE, STATES, UNSTARTED, WAITING, Seeded, bulk_runs, seed_states, supervisor_has_seen
+from tests.run_states import (
+    ELSEWHERE,
+    SCRIPT,
+    STATES,
+    UNSTARTED,
+    WAITING,
+    Seeded,
+    bulk_runs,
+    seed_states,
+    supervisor_has_seen,
+)
 
 HISTORY = 1000
 PAGE_SIZE = 25  # app.web.pages.runs.PAGE_SIZE, as the user counts rows
@@ -161,8 +171,7 @@ def run_page(answer: Answer) -> None:
     )
     if run.state not in UNSTARTED:
         assert 'id="step-time-box"' in answer.text and 'id="gpu-util-box"' in answer.text
-        progress = "100 of 100 (100.0%)" if run.state == "succeeded" else "40 of 100 (40.0%)"
-        assert progress in answer.text
+    fits_the_run(answer)
     if run.has_logs and run.state not in UNSTARTED:
         assert f"<code>{run.checkpoint}</code>" in answer.text
         assert "[rank 1] step 40 loss 0.0500" in answer.text  # each rank's output
@@ -172,8 +181,8 @@ def run_page(answer: Answer) -> None:
     if run.state == "not progressing":  # told once, live, in the box (not again, frozen, in the reason line)
         assert 'id="health"' in answer.text and "Not progressing" in answer.text
         assert '<p class="reason">not progressing' not in answer.text
-    # An ETA only while it trains and moves; no time counted while it waits to be launched again.
-    assert ("<dt>ETA</dt><dd>–</dd>" in answer.text) != (run.state in ("running", "restarted", ELSEWHERE))
+    # An ETA only while it trains and moves (and declared a total); no time counted while it waits to be launched.
+    assert ("<dt>ETA</dt><dd>–</dd>" in answer.text) != (run.state in ("running", "restarted", ELSEWHERE, SCRIPT))
     assert ("<dt>Elapsed</dt><dd>–</dd>" in answer.text) == (run.status == RunStatus.queued)
     if run.status.is_final:
         assert 'id="final-loss">0.0500<' in answer.text
@@ -184,8 +193,31 @@ def run_page(answer: Answer) -> None:
     assert 'id="run-alerts"' in answer.text and "No alerts sent." in answer.text  # the section, in every state
     dump_on_page(answer)
     assert 'id="goodput"' in answer.text and "<strong>Goodput " in answer.text  # from the moment it is queued
+    # None of the walk's runs sent a goodput ledger: once launched, their time is not itemized and has no figure.
+    assert ("<strong>Goodput not itemized</strong>" in answer.text) == (run.state not in WAITING)
     if run.live:
         assert ("Stopping…</button>" if run.status == RunStatus.stopping else "Stop</button>") in answer.text
+
+
+def fits_the_run(answer: Answer) -> None:
+    """The header shows what the run declared and reports, and offers what applies to its kind."""
+    run, text = answer.seeded, answer.text
+    if run.state == SCRIPT:  # it logs steps, a step a second; it declared no epoch, total or rate
+        assert '<dd id="step">40</dd>' in text and '<dt>Steps/s</dt><dd id="throughput">1</dd>' in text
+        assert "<progress" not in text and 'id="epoch"' not in text and "<dt>ETA</dt>" not in text
+    elif run.state == ELSEWHERE:  # it reported its epoch, its total and its samples a second, through progress
+        assert '<dd id="epoch">2</dd>' in text and '<dd id="step">40 of 100 (40.0%)</dd>' in text
+        assert '<progress id="progress" max="100" value="40">' in text and "<dt>Samples/s</dt>" in text
+    elif run.state not in UNSTARTED:
+        progress = "100 of 100 (100.0%)" if run.state == "succeeded" else "40 of 100 (40.0%)"
+        assert f'<dd id="step">{progress}</dd>' in text and '<dd id="epoch">' in text
+    else:  # the built-in trainer holds the places of what it will declare
+        assert '<dd id="step">0 of ?</dd>' in text and '<dd id="epoch">0 of 5</dd>' in text
+    sweeps = run.state not in (SCRIPT, ELSEWHERE, "queued in Slurm")  # a built-in workload, on this host
+    assert ("Scaling sweep</button>" in text) == sweeps
+    # "New run like this" starts what the server started; of a run launched elsewhere, it says why it cannot.
+    assert ('id="clone"' in text) == (run.state != ELSEWHERE)
+    assert ("launched elsewhere, and Rankboard does not know its command" in text) == (run.state == ELSEWHERE)
 
 
 def logs_panel(answer: Answer) -> None:

@@ -16,7 +16,7 @@ from app.services import checkpoints, health, metrics, runs, runs_table
 from app.services.run_page import RunPageView, run_page_view
 from app.store import runs_table_query as run_query
 from app.web.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
-from app.web.forms import form_values_like, parse_run_form, run_form_groups
+from app.web.forms import form_values_like, like_refusal, parse_run_form, run_form_groups
 from app.web.pages import FormValues, HtmxRequest, page, templates_of
 from app.web.params import (
     After,
@@ -207,7 +207,12 @@ def run_fragments(request: Request, run_id: int) -> Fragments:
 
 def view_context(view: RunPageView) -> dict[str, Any]:
     """run.html's context: the view, and its run by the short name every part of the page reads it by."""
-    return {"view": view, "run": view.run, "launcher": kind(view.run.launcher)}  # what its kind of run offers
+    return {
+        "view": view,
+        "run": view.run,
+        "launcher": kind(view.run.launcher),  # what its kind of run offers
+        "like_refusal": like_refusal(view.run),  # why "New run like this" is not offered; None where it is
+    }
 
 
 def error_page(request: Request, exc: RankboardError) -> Response:
