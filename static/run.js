@@ -1,13 +1,19 @@
-// The run page's charts: built from the layout the server put in #charts, fed by the page's server-sent event
-// stream (event "points", JSON of new raw points), which htmx's SSE extension hands to #chart-points.
-// When a key arrives that the layout was not made with, or the stream says points were missed (the page fell
-// further behind than the server's live log keeps), the page asks for its `charts` fragment again.
-import { RunChart } from "./charts/chart.js";
+// The run page's charts: a ChartGrid over the sections the server laid out in #charts, its view kept in the URL
+// and set from the toolbar, fed by a server-sent event stream of new raw points for the charts built so far
+// (./charts/points.js; the status and files fragments come by htmx's own stream). When a key arrives that the layout
+// was not made with, or the
+// stream says points were missed (the page fell further behind than the server's live log keeps), the page asks
+// for its `charts` fragment again and keeps the charts whose layout did not change.
+import { ChartGrid } from "./charts/grid.js";
+import { toolbar } from "./charts/controls.js";
+import { PointStream } from "./charts/points.js";
+import { ViewStore } from "./charts/store.js";
 
 const REFRESH_AT_MOST_EVERY_MS = 2000;
-let charts = [];
+const store = new ViewStore();
+let grid = null;
 let knownKeys = new Set();
-let overlays = [];  // [{run, label}] on the loss chart, kept across a refresh of the layout
+let overlays = [];  // [{run, label, origin}] on the loss chart, kept across a refresh of the layout
 let refreshing = false;
 let lastRefresh = 0;
 
@@ -16,73 +22,86 @@ function section() { return document.getElementById("charts"); }
 function start() {
   const el = section();
   if (!el) return;
-  const runId = Number(el.dataset.runId);
+  const bar = toolbar(document.getElementById("chart-toolbar"), store);
   knownKeys = new Set(JSON.parse(el.dataset.keys || "[]"));
-  charts = Array.from(el.querySelectorAll("figure[data-chart]"), (figure) => new RunChart(figure, runId));
-  const loss = charts.find((chart) => chart.spec.id === "loss");
-  if (loss) {
-    overlays.forEach((o) => loss.addOverlay(o.run, o.label));
-    fillRunPicker(runId, loss);
-  }
+  grid = new ChartGrid(el, {
+    runId: Number(el.dataset.runId), store, origin: Number(el.dataset.started) || null,
+    onBuilt: (chart) => {
+      if (chart.spec.id === "loss") overlays.forEach((o) => chart.addOverlay(o.run, o.label, "loss", o.origin));
+    },
+    onCount: (shown, all) => bar.count(shown, all),
+    onKeys: (keys) => points?.watch(keys),
+  });
+  fillRunPicker(Number(el.dataset.runId));
+  document.addEventListener("overlay-remove", (event) => {
+    overlays = overlays.filter((o) => o.run !== event.detail.run);
+    grid.chart("loss")?.removeOverlay(event.detail.run);
+  });
 }
 
-async function fillRunPicker(runId, loss) {
+/** The loss chart's "Compare with run" picker: every other run, each added as an overlay of its loss. */
+async function fillRunPicker(runId) {
   const select = document.getElementById("overlay-runs");
-  if (!select) return;
+  if (!select || select.dataset.filled) return;
+  select.dataset.filled = "true";
   const response = await fetch("/api/runs?limit=500");
   if (!response.ok) return;
+  const starts = new Map();
   for (const run of (await response.json()).items) {
     if (run.id === runId) continue;
+    starts.set(run.id, Date.parse(run.started_at || run.created_at) / 1000);
     select.add(new Option(`#${run.id} ${run.name}`, String(run.id)));
   }
   select.addEventListener("change", () => {
     const run = Number(select.value);
     if (!run || overlays.some((o) => o.run === run)) return;
-    const label = select.selectedOptions[0].textContent + " loss";
-    overlays.push({ run, label });
-    loss.addOverlay(run, label);
+    const overlay = { run, label: select.selectedOptions[0].textContent + " loss", origin: starts.get(run) ?? null };
+    overlays.push(overlay);
+    grid.chart("loss")?.addOverlay(overlay.run, overlay.label, "loss", overlay.origin);
     select.value = "";
-  });
-  loss.figure.addEventListener("overlay-remove", (event) => {
-    overlays = overlays.filter((o) => o.run !== event.detail.run);
-    loss.removeOverlay(event.detail.run);
   });
 }
 
-/** Replaces #charts with the server's current layout, and rebuilds every chart from the endpoint; `force` skips
- * the rate limit (not a refresh under way: what it reads is newer than what asked for it). */
+/** Takes the server's current layout; `force` skips the rate limit (not a refresh under way: what it reads is newer
+ * than what asked for it) and reads every chart again. */
 async function refreshLayout(force = false) {
   if (refreshing || (!force && Date.now() - lastRefresh < REFRESH_AT_MOST_EVERY_MS)) return;
   refreshing = true;
   lastRefresh = Date.now();
   try {
-    const el = section();
-    const response = await fetch(`/runs/${el.dataset.runId}`, { headers: { "HX-Target": "charts" } });
+    const response = await fetch(`/runs/${section().dataset.runId}`, { headers: { "HX-Target": "charts" } });
     if (!response.ok) return;
-    charts.forEach((chart) => chart.destroy());
-    el.outerHTML = await response.text();
-    start();
+    const holder = document.createElement("template");
+    holder.innerHTML = await response.text();
+    const fresh = holder.content.querySelector("#charts");
+    fresh.querySelector("#chart-toolbar").replaceWith(document.getElementById("chart-toolbar"));  // as it is
+    knownKeys = new Set(JSON.parse(fresh.dataset.keys || "[]"));
+    grid.replace(fresh, { reread: force });
+    fillRunPicker(Number(fresh.dataset.runId));  // a loss chart new in this layout brings its picker
   } finally {
     refreshing = false;
   }
 }
 
-const points = document.getElementById("chart-points");
-if (points) {
-  points.addEventListener("htmx:sseBeforeMessage", (event) => {
-    event.preventDefault();  // JSON for the charts, not HTML to swap in
-    const { series, missed } = JSON.parse(event.detail.data);
-    if (missed) {  // points after this page's cursor left the live log unseen: read every chart again
-      refreshLayout(true);
-      return;
-    }
-    charts.forEach((chart) => chart.append(series));
-    if (Object.keys(series).some((key) => !knownKeys.has(key))) {
-      refreshLayout();
-      // A key refused by the rate limit is looked at again with the next message; retry once later as well.
-      setTimeout(() => { if (Object.keys(series).some((key) => !knownKeys.has(key))) refreshLayout(); },
-                 REFRESH_AT_MOST_EVERY_MS + 100);
-    }
-  });
+function newKeys(keys) { return keys.some((key) => !knownKeys.has(key)); }
+
+/** A message of the points' stream: the built charts' new points, and the names of the other keys that got some. */
+function takePoints({ series, others = [], missed }) {
+  if (missed) {  // points after this page's cursor left the live log unseen: read every chart again
+    refreshLayout(true);
+    return;
+  }
+  grid?.append(series);
+  grid?.stale(others);  // a chart built since the stream last opened: its points in this message were only named
+  const keys = [...Object.keys(series), ...others];
+  if (newKeys(keys)) {
+    refreshLayout();
+    // A key refused by the rate limit is looked at again with the next message; retry once later as well.
+    setTimeout(() => { if (newKeys(keys)) refreshLayout(); }, REFRESH_AT_MOST_EVERY_MS + 100);
+  }
 }
+
+const holder = document.getElementById("chart-points");
+const points = holder ? new PointStream(holder.dataset.stream, takePoints) : null;
 start();
+points?.watch(grid ? grid.builtKeys() : []);

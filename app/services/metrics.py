@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 from pydantic import ValidationError
 from rankboard import wire
 from sqlalchemy.exc import SQLAlchemyError
@@ -28,6 +28,9 @@ from app.store import metrics as metric_store
 from app.store import runs as run_store
 from app.store import summaries as summary_store
 from app.store.metrics import SeriesPoint, StoredPoint
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 # The keys of GPU and host samples (rankboard.gpu), logged at step = unix seconds: "gpu/", "sys/".
@@ -251,12 +254,16 @@ class LivePoints:
     points: list[StoredPoint]
     cursor: int
     missed: bool
+    others: frozenset[str] = frozenset()  # keys not watched that got points: named, not sent
 
 
-def new_points(db: Session, *, run_id: int, after_id: int, limit: int = 5000) -> LivePoints:
-    """Points stored since the cursor `after_id`. With none, the cursor moves on to the log's newest point of any
-    run, so that a page whose run logs nothing while others log millions does not fall behind the log."""
+def new_points(
+    db: Session, *, run_id: int, after_id: int, limit: int = 5000, watch: frozenset[str] | None = None
+) -> LivePoints:
+    """Points stored since the cursor `after_id` (of the `watch` keys only, if given). With none, the cursor moves on
+    to the log's newest point of any run, so that a page whose run logs nothing while others log millions does not
+    fall behind the log."""
     head = metric_store.last_point_id(db)  # first: every point numbered up to it is committed (see there)
-    points = metric_store.points_after(db, run_id=run_id, after_id=after_id, limit=limit)
+    points, others = metric_store.watched_points_after(db, run_id=run_id, after_id=after_id, limit=limit, watch=watch)
     missed = after_id + 1 < metric_store.first_kept_id(db)  # after the points: a drop meanwhile is seen
-    return LivePoints(points, points[-1].id if points else max(after_id, head), missed)
+    return LivePoints(points, points[-1].id if points else max(after_id, head), missed, frozenset(others))

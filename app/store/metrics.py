@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-import numpy as np
-from sqlalchemy import Insert, Table, select
+from sqlalchemy import Insert, Table, case, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -72,7 +71,7 @@ def insert_points(db: Session, columns: Mapping[tuple[int, int], chunks.Column])
     if db.get_bind().dialect.name == "postgresql":
         locked = select(SERIES.c.id).where(SERIES.c.id.in_({series_id for series_id, _rank in columns}))
         db.execute(locked.order_by(SERIES.c.id).with_for_update())
-    written = chunks.write(db, columns)
+    written = chunks.write(db, columns, samples=True)
     _log_recent(db, written)
     return written
 
@@ -86,6 +85,8 @@ def _log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
     """
     if not written:
         return
+    import numpy as np  # on first use, not at the server's start (app.store.chunks)
+
     connection = db.connection()
     if connection.dialect.name == "postgresql":
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (RECENT_LOCK,))
@@ -144,21 +145,34 @@ def points_in_range(
 def points_after(db: Session, *, run_id: int, after_id: int, limit: int) -> list[StoredPoint]:
     """Points of every series of the run logged after the point with id `after_id`, in the order they came: `limit`
     or a few more (whole logged rows). A cursor older than the log's RECENT_POINTS gets what the log still holds."""
+    return watched_points_after(db, run_id=run_id, after_id=after_id, limit=limit, watch=None)[0]
+
+
+def watched_points_after(
+    db: Session, *, run_id: int, after_id: int, limit: int, watch: frozenset[str] | None
+) -> tuple[list[StoredPoint], set[str]]:
+    """As points_after, of the `watch` keys only (all with None), and the other keys that got points meanwhile: their
+    rows are neither fetched whole nor decoded, which is most of what a live page of 200 charts cost to feed."""
+    data = RECENT.c.data if watch is None else case((SERIES.c.key.in_(watch), RECENT.c.data), else_=None)
     query = (
-        select(RECENT.c.id, SERIES.c.key, RECENT.c.rank, RECENT.c.n, RECENT.c.data)
+        select(RECENT.c.id, SERIES.c.key, RECENT.c.rank, RECENT.c.n, data)
         .join(SERIES, SERIES.c.id == RECENT.c.series_id)
         .where(SERIES.c.run_id == run_id, RECENT.c.id > after_id)
         .order_by(RECENT.c.id)
     )
     found: list[StoredPoint] = []
+    others: set[str] = set()
     for last_id, key, rank, n, data in db.execute(query).yield_per(64):
+        if data is None:
+            others.add(key)
+            continue
         column = chunks.decode(data, n)
         ids = range(last_id - n + 1, last_id + 1)
         rows = zip(ids, column.steps.tolist(), column.values.tolist(), column.times.tolist(), strict=True)
         found += [StoredPoint(id_, key, step, rank, value, time) for id_, step, value, time in rows if id_ > after_id]
         if len(found) >= limit:
             break
-    return found
+    return found, others
 
 
 def last_value(db: Session, *, run_id: int, key: str) -> float | None:

@@ -45,6 +45,17 @@ MetricKeyQuery = Annotated[
 # Point ids are a BIGINT: the live page's cursor, given as `after` or, on a reconnect, as the SSE Last-Event-ID.
 After = Annotated[int, Query(ge=0, le=INT64_MAX, description="The page's newest point id when it loaded.")]
 LastEventId = Annotated[int | None, Header(ge=0, le=INT64_MAX, description="The last point id received.")]
+StreamParts = Annotated[
+    Literal["all", "points", "fragments"],
+    Query(description="What the stream sends: points and fragments, or only one of them (the run page opens one "
+                      "stream of each: its points' stream follows the charts it has built)."),
+]  # fmt: skip
+Watch = Annotated[
+    list[Annotated[str, StringConstraints(max_length=wire.MAX_KEY_LENGTH)]] | None,
+    Query(max_length=2000, description="Send only these keys' points, and of the others only their names (`others`: "
+                                       "a page sees a new key, or news of a chart it has not built); `watch=` alone "
+                                       "follows none. Default: every key's points."),
+]  # fmt: skip
 
 CheckpointName = Annotated[str, Path(min_length=1, max_length=NAME_MAX, description="A file name: step-*.pt.")]
 CheckpointNames = Annotated[
@@ -64,6 +75,14 @@ OutputLines = Annotated[int, Query(ge=1, le=1000, description="How many of the l
 LogFilter = Annotated[str, Query(max_length=200, description="Case-insensitive substring.")]
 
 UserName = Annotated[str, Path(min_length=1, max_length=64, description="A user's name.")]
+LimitUser = Annotated[
+    str,
+    Path(
+        pattern=r"^(\*|[A-Za-z0-9][A-Za-z0-9._@-]{0,63})$",
+        description="A user's name; `*`: every user without a limit of their own.",
+    ),
+]
+GroupName = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", description="A group's name.")]
 TokenId = Annotated[int, Path(ge=1, le=INT32_MAX, description="An API token's id, from the list of tokens.")]
 NextPage = Annotated[str, Query(max_length=2000, description="Where to go after logging in: a path of this server.")]
 

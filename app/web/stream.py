@@ -100,10 +100,10 @@ def message(event: str, data: str, event_id: int | None = None) -> str:
     return f"{head}event: {event}\n{body}\n"
 
 
-def points_json(points: list[StoredPoint], *, missed: bool = False) -> str:
+def points_json(points: list[StoredPoint], *, missed: bool = False, others: frozenset[str] = frozenset()) -> str:
     """Points grouped by key as parallel arrays (with each point's unix time, for a wall-time axis), values encoded
     as the wire does (NaN survives); `missed` tells the page that points after its cursor were dropped from the live
-    log, so it reads its charts again."""
+    log, so it reads its charts again; `others` names the keys not watched that got points."""
     series: dict[str, dict[str, list[float | str | int]]] = {}
     for p in points:
         one = series.setdefault(p.key, {"steps": [], "values": [], "ranks": [], "times": []})
@@ -111,29 +111,35 @@ def points_json(points: list[StoredPoint], *, missed: bool = False) -> str:
         one["times"].append(p.time)
         one["values"].append(wire.encode_value(p.value))
         one["ranks"].append(p.rank)
-    return json.dumps({"series": series, "missed": missed})
+    return json.dumps({"series": series, "others": sorted(others), "missed": missed})
+
+
+def _changed(fragments: Fragments, state: StreamState) -> list[str]:
+    """The messages of the fragments that changed since the page last got them; `state` takes them."""
+    news = []
+    for event, name in (("status", "status_html"), ("files", "files_html"), ("output", "output_html")):
+        html = getattr(fragments, name)
+        if html != getattr(state, name):
+            setattr(state, name, html)
+            news.append(message(event, html))
+    return news
 
 
 async def run_events(
-    request: Request, *, run_id: int, after_id: int, snapshot: Callable[[int], Snapshot]
+    request: Request, *, run_id: int, after_id: int, snapshot: Callable[[int], Snapshot], with_fragments: bool = True
 ) -> AsyncIterator[str]:
-    """The stream of one run page; ends with an `end` event once the run is over and everything was sent."""
+    """The stream of one run page (its points alone without `with_fragments`); ends with an `end` event once the run
+    is over and everything was sent."""
     state = StreamState(after_id=after_id)
     while not await request.is_disconnected():
         snap = await run_in_threadpool(snapshot, state.after_id)
-        fragments, points = snap.fragments, snap.live.points
-        state.after_id = snap.live.cursor
-        if points or snap.live.missed:
-            yield message("points", points_json(points, missed=snap.live.missed), state.after_id)
-        if fragments.status_html != state.status_html:
-            state.status_html = fragments.status_html
-            yield message("status", fragments.status_html)
-        if fragments.files_html != state.files_html:
-            state.files_html = fragments.files_html
-            yield message("files", fragments.files_html)
-        if fragments.output_html != state.output_html:
-            state.output_html = fragments.output_html
-            yield message("output", fragments.output_html)
+        fragments, live, points = snap.fragments, snap.live, snap.live.points
+        state.after_id = live.cursor
+        if points or live.missed or live.others:
+            yield message("points", points_json(points, missed=live.missed, others=live.others), state.after_id)
+        if with_fragments:
+            for news in _changed(fragments, state):
+                yield news
         if fragments.final and not points:
             yield message("end", "")
             return

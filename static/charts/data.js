@@ -1,12 +1,31 @@
 // Reading a series from the chart endpoint, and keeping one line's points in step order.
 // The endpoint answers per rank and bucket the min, max and last value; a line keeps all three, so the band
-// between min and max shows a one-step spike even when thousands of steps share one pixel.
+// between min and max shows a one-step spike even when thousands of steps share one pixel. Where the endpoint also
+// gives each bucket's wall-clock `time`, the line keeps it for the time axes.
 
 const NON_FINITE = { NaN: NaN, Infinity: Infinity, "-Infinity": -Infinity };
+// A page of 200 charts must not ask for 200 series at once: the server would queue them all behind one another and
+// the charts in view would wait for those below. Reads beyond this many wait their turn, in the order asked.
+const MAX_CONCURRENT_READS = 6;
+let reading = 0;
+const waiting = [];
 
 /** A value as the wire sends it: a number, or "NaN" / "Infinity" / "-Infinity" as a string. */
 export function decode(value) {
   return typeof value === "string" ? NON_FINITE[value] : value;
+}
+
+/** Runs `read` when fewer than MAX_CONCURRENT_READS reads are under way. */
+export async function throttled(read) {
+  if (reading < MAX_CONCURRENT_READS) reading++;
+  else await new Promise((resolve) => waiting.push(resolve));  // the read that ends hands its place over
+  try {
+    return await read();
+  } finally {
+    const next = waiting.shift();
+    if (next) next();
+    else reading--;
+  }
 }
 
 /** GET /api/runs/{run}/chart for one key; null when the run has no such series (404). */
@@ -14,15 +33,17 @@ export async function fetchChart(run, key, { width, start = null, end = null }) 
   const params = new URLSearchParams({ key: key, width: String(Math.max(1, Math.min(4000, Math.round(width)))) });
   if (start !== null) params.set("start_step", String(Math.max(0, Math.floor(start))));
   if (end !== null) params.set("end_step", String(Math.max(0, Math.ceil(end))));
-  const response = await fetch(`/api/runs/${run}/chart?${params}`);
-  if (response.status === 404) return null;
-  if (!response.ok) throw new Error(`chart of ${key}: HTTP ${response.status}`);
-  return response.json();
+  return throttled(async () => {
+    const response = await fetch(`/api/runs/${run}/chart?${params}`);
+    if (response.status === 404) return null;
+    if (!response.ok) throw new Error(`chart of ${key}: HTTP ${response.status}`);
+    return response.json();
+  });
 }
 
-/** An empty line: parallel arrays by step. */
+/** An empty line: parallel arrays by step; `time` stays null where the server gives no times. */
 export function newLine(props) {
-  return { ...props, steps: [], min: [], max: [], last: [] };
+  return { ...props, steps: [], min: [], max: [], last: [], time: null };
 }
 
 /** Replaces a line's points with one rank's buckets from the endpoint. */
@@ -31,10 +52,11 @@ export function fillLine(line, buckets) {
   line.min = buckets.min.map(decode);
   line.max = buckets.max.map(decode);
   line.last = buckets.last.map(decode);
+  line.time = Array.isArray(buckets.time) ? buckets.time.slice() : null;
 }
 
 /** Adds one raw point in step order; a step the line has already is skipped (a retry, or a bucket's last step). */
-export function addPoint(line, step, value) {
+export function addPoint(line, step, value, time) {
   let i = line.steps.length;
   while (i > 0 && line.steps[i - 1] > step) i--;  // points come in order; a replayed spool may bring an older one
   if (i > 0 && line.steps[i - 1] === step) return false;
@@ -42,22 +64,24 @@ export function addPoint(line, step, value) {
   line.min.splice(i, 0, value);
   line.max.splice(i, 0, value);
   line.last.splice(i, 0, value);
+  if (line.time) line.time.splice(i, 0, time);
   return true;
 }
 
-/** uPlot's columns for these lines: one shared x (the union of steps), per line its last, max and min. */
-export function columns(lines) {
-  const xs = Array.from(new Set(lines.flatMap((line) => line.steps))).sort((a, b) => a - b);
+/** uPlot's columns: one shared x (the union of every line's x), then each of `columns` ({x, values}) aligned on it,
+ * null where that line has no point. NaN and infinities cannot be drawn: they are null as well (the line spans
+ * them), and counted in the summary. */
+export function align(columns) {
+  const xs = Array.from(new Set(columns.flatMap((column) => column.x))).sort((a, b) => a - b);
   const at = new Map(xs.map((x, i) => [x, i]));
   const data = [xs];
-  for (const line of lines) {
-    const arrays = line.dashed ? [line.last] : [line.last, line.max, line.min];
-    for (const values of arrays) {
-      const column = new Array(xs.length).fill(null);
-      // NaN and infinities cannot be drawn: they are left out (the line spans them), and counted in the summary.
-      line.steps.forEach((step, i) => { column[at.get(step)] = Number.isFinite(values[i]) ? values[i] : null; });
-      data.push(column);
-    }
+  for (const column of columns) {
+    const aligned = new Array(xs.length).fill(null);
+    column.x.forEach((x, i) => {
+      const value = column.values[i];
+      aligned[at.get(x)] = Number.isFinite(value) ? value : null;
+    });
+    data.push(aligned);
   }
   return data;
 }

@@ -37,7 +37,8 @@ def test_a_finished_runs_stream_sends_everything_then_ends(client: TestClient, r
     finish(client, run_id)
     received = events(client.get(f"/runs/{run_id}/stream").text)
     kinds = [kind for kind, _, _ in received]
-    assert kinds == ["points", "status", "files", "output", "end"]
+    # No forensic fragment (the stream's "output" event) for a run with nothing to say: its page shows none.
+    assert kinds == ["points", "status", "files", "end"]
     points = json.loads(received[0][1])["series"]["loss"]
     assert points["steps"] == [1, 2, 3] and points["ranks"] == [0, 0, 0]
     assert points["times"] == [1.7e9 + 1, 1.7e9 + 2, 1.7e9 + 3]  # each point's own time, for a wall-time axis
@@ -54,6 +55,26 @@ def test_a_reconnecting_page_gets_only_what_it_has_not_seen(client: TestClient, 
     finish(client, run_id)
     again = events(client.get(f"/runs/{run_id}/stream", headers={"Last-Event-ID": str(last_id)}).text)
     assert json.loads(again[0][1])["series"]["loss"]["steps"] == [3, 4]
+
+
+def test_a_page_that_watches_some_keys_gets_their_points_and_only_the_names_of_the_others(
+    client: TestClient, run_id: int
+) -> None:
+    """A page of 200 charts has built a few: it gets their points, and hears of the other keys (a new one, or news
+    of a chart it builds later) by name only. A stream of points alone sends no fragments; one of fragments no points."""
+    post(client, run_id, batch(1, 2))
+    post(client, run_id, batch(1, 2, key="lr"))
+    post(client, run_id, batch(1, key="train/acc"))
+    finish(client, run_id)
+    query = "parts=points&watch=loss&watch=train/acc"
+    received = events(client.get(f"/runs/{run_id}/stream?{query}").text)
+    assert [kind for kind, _, _ in received] == ["points", "end"]
+    points = json.loads(received[0][1])
+    assert sorted(points["series"]) == ["loss", "train/acc"] and points["series"]["loss"]["steps"] == [1, 2]
+    assert points["others"] == ["lr"]
+    fragments = events(client.get(f"/runs/{run_id}/stream?parts=fragments").text)
+    assert [kind for kind, _, _ in fragments] == ["status", "files", "end"]  # no points; no forensic panel to show
+    assert client.get(f"/runs/{run_id}/stream?parts=some").status_code == 422
 
 
 def test_a_page_further_behind_than_the_live_log_is_told_to_read_its_charts_again(
@@ -100,7 +121,7 @@ def test_deleting_the_run_that_logged_last_never_numbers_a_point_again(client: T
     other = running_run(client, "other")
     post(client, other, batch(1, 2, 3))  # the log's newest points are the other run's
     page = client.get(f"/runs/{run_id}").text
-    cursor = int(re.search(r"/stream\?after=(\d+)", page).group(1))  # type: ignore[union-attr]
+    cursor = int(re.search(r"/stream\?parts=points&amp;after=(\d+)", page).group(1))  # type: ignore[union-attr]
     finish(client, other)
     assert client.delete(f"/api/runs/{other}").status_code == 200
     post(client, run_id, batch(3, 4))

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -86,7 +87,9 @@ def test_loss_spike_and_every_gpu_of_both_nodes_are_drawn_and_grow_live(
         expect(page.locator("#loss-chart canvas")).to_have_count(1)
 
         gpus = ["node-a GPU 0", "node-a GPU 1", "node-b GPU 0", "node-b GPU 1"]
+        page.locator("#gpu-memory-box").scroll_into_view_if_needed()  # charts are built as they come into view
         page.wait_for_function("() => document.querySelector('#gpu-util-box')?.dataset.lines === '4'")
+        page.wait_for_function("() => document.querySelector('#gpu-memory-box')?.dataset.labels")
         assert json.loads(drawn(page, "gpu-util")["labels"]) == gpus
         assert "node-b GPU 1 mem total" in json.loads(drawn(page, "gpu-memory")["labels"])
         seen = int(drawn(page, "gpu-util")["points"])
@@ -151,3 +154,179 @@ def test_a_page_that_was_away_while_the_live_log_moved_on_reads_its_charts_again
         assert drawn(page, "loss")["points"] == "101"
     finally:
         server.stop()
+
+
+RANKS = 4
+MANY = 200
+NESTED = ["a/b/c", "train/acc", "损失", "ünï/x"]
+
+
+def log_a_script_run(server: LiveServer, run_id: int, tmp_path: Path, steps: range) -> None:
+    """What a user's DDP script logs through the real client: a loss and `train/loss` on every rank, and nested,
+    unicode and 200 other keys from rank 0; each rank's client posts its own batches, as each process would."""
+    clients = [reporter(server, run_id, tmp_path / f"rank{rank}", rank) for rank in range(RANKS)]
+    try:
+        for step in steps:
+            for rank, client in enumerate(clients):
+                mine = {"loss": 12 * math.exp(-step / 8) + 0.01 * rank + 1e-3, "train/loss": 1 / step + rank}
+                extra = {key: step * 0.5 for key in NESTED} | {
+                    f"many/k{i:03d}": i + math.sin(step) for i in range(MANY)
+                }
+                client.log(mine | (extra if rank == 0 else {}), step=step)
+    finally:
+        for client in clients:
+            client.close()
+
+
+def in_flight_chart_reads(page: Page) -> dict[str, int]:
+    """Counts the page's chart reads under way, and the most at once, as the browser sends them."""
+    reads = {"now": 0, "most": 0, "all": 0}
+
+    def sent(request: Any) -> None:
+        if "/chart?" in request.url:
+            reads["now"] += 1
+            reads["all"] += 1
+            reads["most"] = max(reads["most"], reads["now"])
+
+    def ended(request: Any) -> None:
+        if "/chart?" in request.url:
+            reads["now"] -= 1
+
+    page.on("request", sent)
+    page.on("requestfinished", ended)
+    page.on("requestfailed", ended)
+    return reads
+
+
+def figure(key: str) -> str:
+    return f"figure[data-keys='{json.dumps([key], ensure_ascii=False)}']"
+
+
+def built(page: Page) -> int:
+    return int(page.evaluate("document.querySelectorAll('figure[data-built]').length"))
+
+
+def scroll_through(page: Page) -> int:
+    """Scrolls the page top to bottom a screen at a time; at each stop, waits for every chart in view to be drawn.
+    Returns how many screens it took."""
+    screens = 0
+    in_view_drawn = """() => [...document.querySelectorAll('figure[data-chart]')].filter((f) => {
+        const r = f.getBoundingClientRect(); return !f.hidden && r.height && r.bottom > 0 && r.top < innerHeight;
+      }).every((f) => f.dataset.points !== undefined)"""
+    while True:
+        page.wait_for_function(in_view_drawn, timeout=20_000)
+        screens += 1
+        if page.evaluate("innerHeight + scrollY >= document.body.scrollHeight - 2"):
+            return screens
+        page.mouse.wheel(0, 800)
+        page.wait_for_timeout(50)
+
+
+def following(page: Page, holds: Callable[[], bool], what: str) -> None:
+    """Waits up to 10 s for `holds`, letting the page run (Playwright hands its events over only while called)."""
+    for _ in range(100):
+        if holds():
+            return
+        page.wait_for_timeout(100)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_page_of_200_charts_draws_them_as_they_scroll_into_view(
+    server: LiveServer, page: Page, tmp_path: Path
+) -> None:
+    run_id = open_run(server, TOKEN)
+    log_a_script_run(server, run_id, tmp_path, range(1, 41))
+    wait_for(lambda: stored(server, run_id, f"many/k{MANY - 1:03d}") == 40, 60, what="the last key's points")
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    reads = in_flight_chart_reads(page)
+    streams: list[str] = []  # the points' stream as the page opens it: following the charts it has built
+    page.on("request", lambda request: streams.append(request.url) if "parts=points" in request.url else None)
+
+    def watched() -> set[str]:
+        return set(parse_qs(urlparse(streams[-1]).query).get("watch", [])) - {""} if streams else set()
+
+    page.goto(f"{server.url}/runs/{run_id}")
+    page.wait_for_function("() => document.querySelector('#loss-box')?.dataset.points === '40'")
+    figures = page.locator("figure[data-chart]").count()
+    assert figures == MANY + len(NESTED) + 2  # loss and train/loss, drawn per rank, besides
+    assert built(page) < 20  # the charts near the top, not all of them
+    following(page, lambda: "loss" in watched(), "the stream to follow the built charts")
+    assert len(watched()) < 20  # not the points of 200 keys to every open page each second
+    page.screenshot(path=str(server.root / "charts-200-top.png"))
+
+    log_a_script_run(server, run_id, tmp_path / "later", range(41, 42))  # live, while the last chart is unbuilt
+    wait_for(lambda: stored(server, run_id, f"many/k{MANY - 1:03d}") == 41, 30, what="step 41")
+    page.wait_for_function("() => document.querySelector('#loss-box').dataset.points === '41'")  # live, streamed
+    screens = scroll_through(page)
+    assert screens > 10 and built(page) == figures  # each built as it came into view
+    following(page, lambda: len(watched()) == MANY + len(NESTED) + 2, "the stream to follow every chart")
+    assert reads["most"] <= 6 and reads["all"] >= figures  # never more than six reads at once
+    assert page.get_attribute(figure(f"many/k{MANY - 1:03d}"), "data-points") == "41"  # read fresh when built
+    assert errors == []
+    page.screenshot(path=str(server.root / "charts-200-bottom.png"))
+
+
+def test_each_rank_is_drawn_and_the_view_comes_back_from_its_url(
+    server: LiveServer, page: Page, tmp_path: Path
+) -> None:
+    run_id = open_run(server, TOKEN)
+    log_a_script_run(server, run_id, tmp_path, range(1, 31))
+    wait_for(lambda: stored(server, run_id, f"many/k{MANY - 1:03d}") == 30, 60, what="every point")
+    page.goto(f"{server.url}/runs/{run_id}")
+    page.wait_for_function("() => document.querySelector('#loss-box')?.dataset.lines === '4'")
+    assert json.loads(drawn(page, "loss")["labels"]) == [f"rank {rank}" for rank in range(RANKS)]
+
+    toolbar = page.locator("#chart-toolbar")
+    toolbar.locator("select[name=ranks]").select_option("mean")
+    page.wait_for_function("() => document.querySelector('#loss-box').dataset.lines === '1'")
+    assert json.loads(drawn(page, "loss")["labels"]) == ["mean of 4 ranks (band: min to max)"]
+    toolbar.locator("input[name=logy]").check()
+    toolbar.locator("select[name=x]").select_option("rel")
+    toolbar.locator("input[name=smoothing]").evaluate(
+        "(el) => { el.value = '0.6'; el.dispatchEvent(new Event('input')); }"
+    )
+    page.locator(figure("a/b/c")).locator(".chart-pin").click()
+    page.locator("details[data-section='many'] > summary").click()
+    wanted = {"log": "true", "x": "rel", "smoothing": "0.6", "ranks": "mean", "lines": "1"}
+    page.wait_for_function("() => document.querySelector('#loss-box').dataset.smoothing === '0.6'")
+    assert {name: drawn(page, "loss")[name] for name in wanted} == wanted
+    url = page.url
+    assert "logy=1" in url and "x=rel" in url and "smooth=0.6" in url and "ranks=mean" in url
+
+    page.goto(url)  # a copied link: the same view
+    page.wait_for_function("() => document.querySelector('#loss-box')?.dataset.points")
+    assert {name: drawn(page, "loss")[name] for name in wanted} == wanted
+    assert toolbar.locator("input[name=logy]").is_checked() and toolbar.locator("select[name=x]").input_value() == "rel"
+    assert page.locator(figure("a/b/c")).evaluate("(f) => f.closest('details').dataset.sectionId") == "pinned"
+    assert page.locator("details[data-section='many']").evaluate("(d) => d.open") is False
+    page.screenshot(path=str(server.root / "charts-view.png"), full_page=True)
+
+
+def test_a_charts_csv_holds_every_point_the_api_has_and_its_png_is_a_picture(
+    server: LiveServer, page: Page, tmp_path: Path
+) -> None:
+    run_id = open_run(server, TOKEN)
+    log_a_script_run(server, run_id, tmp_path, range(1, 26))
+    wait_for(lambda: stored(server, run_id, "train/loss") == 25 * RANKS, 60, what="every rank's points")
+    page.goto(f"{server.url}/runs/{run_id}")
+    chart = page.locator(figure("train/loss"))
+    chart.scroll_into_view_if_needed()
+    page.wait_for_function(f"() => document.querySelector(`{figure('train/loss')}`)?.dataset.points === '25'")
+
+    with page.expect_download() as download:
+        chart.locator(".chart-csv").click()
+    rows = Path(download.value.path()).read_text().splitlines()
+    with server.api() as api:
+        assert rows == api.get(f"/api/runs/{run_id}/metrics/train/loss", params={"format": "csv"}).text.splitlines()
+        json_points = points(api, run_id, "train/loss")
+    assert rows[0] == "step,rank,value,time" and len(rows) == 1 + 25 * RANKS
+    assert [tuple(map(float, row.split(",")[:3])) for row in rows[1:]] == [
+        (p["step"], p["rank"], p["value"]) for p in json_points
+    ]  # every point of every rank, not the buckets drawn
+
+    with page.expect_download() as download:
+        chart.locator(".chart-png").click()
+    png = Path(download.value.path()).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") >= 500  # width, in pixels
