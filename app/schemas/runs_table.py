@@ -76,7 +76,8 @@ class ComparedOptionOut(BaseModel):
 
 
 class ComparedMetricOut(BaseModel):
-    """A metric every compared run has: each run's last value, minimum and maximum, in the runs' order."""
+    """A metric any compared run has: each run's last value, minimum and maximum, in the runs' order (null for a
+    run that never reported it)."""
 
     key: str
     last: list[MetricValue | None]
@@ -89,4 +90,4 @@ class CompareOut(BaseModel):
 
     runs: list[ComparedRunOut]
     options: list[ComparedOptionOut]
-    metrics: list[ComparedMetricOut] = Field(description="The metrics every one of the runs has, by key.")
+    metrics: list[ComparedMetricOut] = Field(description="Every metric any of the runs has, in the charts' order.")

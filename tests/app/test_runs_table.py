@@ -5,7 +5,6 @@ migration that adds the summaries to an existing database."""
 from __future__ import annotations
 
 import html
-import json
 import math
 import os
 import random
@@ -287,7 +286,7 @@ def test_clone_fills_the_form_with_every_option_of_the_run(client: TestClient) -
                "slurm_cpus_per_task": 8, "slurm_time_limit": "1:00:00", "slurm_partition": "gpu",
                "slurm_account": "lab", "slurm_qos": "high", "slurm_constraint": "a100", "slurm_requeue": True,
                "slurm_max_requeues": 3, "stop_on_nonfinite": True, "fingerprint_every": 7,
-               "desync_checks": True, "preflight": "refuse"}  # fmt: skip
+               "desync_checks": True, "preflight": "refuse", "priority": 100, "preemptible": False}  # fmt: skip
     options = set(RunCreate.model_fields) - {"allow_low_disk"}
     assert set(changed) == options, f"a new option: give it a value here too: {options ^ set(changed)}"
     defaults = RunCreate().model_dump()
@@ -374,56 +373,6 @@ def test_an_existing_database_gets_its_summaries_when_it_upgrades(tmp_path: Path
         assert [run["id"] for run in body["items"]] == [1, 2], body["values"]
         assert body["values"]["1"] == pytest.approx({"loss.last": 1 / 199, "loss.min": 1 / 199, "loss.max": 1.0})
         assert body["values"]["2"] == pytest.approx({"loss.last": 0.25, "loss.min": 0.25, "loss.max": 0.5})
-
-
-def test_compare_shows_options_side_by_side_and_a_chart_per_common_metric(client: TestClient) -> None:
-    first = _reporting_run(client, {"name": "cmp-a", "lr": 0.001, "seed": 1}, {"loss": [1.0, 0.5], "val_loss": [0.9]})
-    second = _reporting_run(client, {"name": "cmp-b", "lr": 0.003, "seed": 1, "optimizer": "sgd"},
-                            {"loss": [2.0, 0.25, 0.75], "accuracy": [0.5]})  # fmt: skip
-    page = client.get("/compare", params={"run": [first, second]})
-    assert page.status_code == 200
-    options = {name: bool(mark) for mark, name in re.findall(r'<tr( class="differs")?><th>(\w+)</th>', page.text)}
-    assert options["lr"] and options["optimizer"] and options["name"] and not options["seed"]
-    assert not options["epochs"]
-    figures = re.findall(r"data-chart='([^']+)'", page.text)
-    assert [json.loads(html.unescape(figure))["title"] for figure in figures] == ["loss"]  # the only common key
-    assert f'"id": {first}' in html.unescape(page.text) and f"#{second} cmp-b" in page.text
-    summary = page.text.partition('id="compare-summary"')[2].partition("</table>")[0]
-    assert "0.5 <small>(0.5 … 1)</small>" in summary and "0.75 <small>(0.25 … 2)</small>" in summary
-    for wrong, status in (([first], 422), ([first] * 2, 422), ([first, 999_999], 404), (list(range(1, 12)), 422)):
-        assert client.get("/compare", params={"run": wrong}).status_code == status, wrong
-
-
-def test_the_compare_api_answers_what_the_page_shows(client: TestClient) -> None:
-    first = _reporting_run(client, {"name": "cmp-a", "lr": 0.001, "seed": 1}, {"loss": [1.0, 0.5], "val_loss": [0.9]})
-    second = _reporting_run(client, {"name": "cmp-b", "lr": 0.003, "seed": 1, "optimizer": "sgd"},
-                            {"loss": [2.0, 0.25, 0.75], "accuracy": [0.5]})  # fmt: skip
-    answer = client.get("/api/compare", params={"run": [first, second]})
-    assert answer.status_code == 200, answer.text
-    body = answer.json()
-    assert [(run["id"], run["name"], run["status"], run["step"]) for run in body["runs"]] == [
-        (first, "cmp-a", "running", 2), (second, "cmp-b", "running", 3)
-    ]  # fmt: skip
-    options = {row["name"]: row for row in body["options"]}
-    assert options["lr"] == {"name": "lr", "values": ["0.001", "0.003"], "differs": True}
-    assert options["optimizer"]["differs"] and not options["seed"]["differs"]
-    assert body["metrics"] == [{"key": "loss", "last": [0.5, 0.75], "min": [0.5, 0.25], "max": [1.0, 2.0]}]
-    for wrong, status in (([first], 422), ([first, 999_999], 404)):
-        assert client.get("/api/compare", params={"run": wrong}).status_code == status, wrong
-
-
-def _reporting_run(client: TestClient, options: dict[str, Any], series: dict[str, list[float]]) -> int:
-    run_id = int(client.post("/api/runs", json=options).json()["id"])
-    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
-        run = db.get(Run, run_id)
-        run.status, run.token_hash = RunStatus.running, hash_token(TOKEN)
-        run.pid, run.pid_start_ticks = os.getpid(), processes.start_ticks(os.getpid())
-    points = tuple(wire.Point(key, step, value, 0, 0.0) for key, values in series.items()
-                   for step, value in enumerate(values, start=1))  # fmt: skip
-    answer = client.post(f"/api/runs/{run_id}/metrics", json=wire.Batch(points).to_json(),
-                         headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
-    assert answer.status_code == 200, answer.text
-    return run_id
 
 
 def test_every_kind_of_run_filters_and_sorts_on_its_config_keys(client: TestClient) -> None:
