@@ -82,6 +82,9 @@
   function start() {
     const section = $("logs");
     if (!section || !$("log-lines")) return;
+    // On a phone the panel starts folded, below the charts, unless it explains a failure.
+    const box = $("logs-box");
+    if (box && !("explained" in box.dataset) && window.matchMedia("(max-width: 640px)").matches) box.open = false;
     section.addEventListener("change", function (event) {
       if (event.target.id === "log-rank" || event.target.id === "log-stream") follow();
     });

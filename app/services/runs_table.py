@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,18 @@ MAX_NOTES = 10_000
 MAX_BULK = 500
 Value = float | str | bool | None
 BulkAction = Literal["tag", "untag", "archive", "unarchive"]
+LOSS_KEYS = ("loss", "train/loss", "train_loss")  # a run's sparkline is of the first of these it has
+SPARK_POINTS = 40
+
+
+@dataclass(frozen=True)
+class Sparkline:
+    """A run's loss over its steps, small: each point's x and y from 0 to 1 (y up), and the values at its ends."""
+
+    key: str
+    points: tuple[tuple[float, float], ...]
+    first: float
+    last: float
 
 
 @dataclass(frozen=True)
@@ -34,10 +47,12 @@ class RunsTable:
     total: int
     query: RunQuery
     values: dict[int, dict[str, Value]]
+    sparklines: dict[int, Sparkline]  # by run, of those that have a loss of two buckets or more; empty unless asked
 
 
-def page(db: Session, *, query: RunQuery, limit: int, offset: int) -> RunsTable:
-    """The runs the query finds, sorted and paged, with their column values (metrics from their summaries)."""
+def page(db: Session, *, query: RunQuery, limit: int, offset: int, sparklines: bool = False) -> RunsTable:
+    """The runs the query finds, sorted and paged, with their column values (metrics from their summaries) and, if
+    asked, each one's loss sparkline (one query for the page)."""
     _check_metrics_reported(db, query)
     found, total = table_store.page(db, query, limit=limit, offset=offset)
     metrics = [column.metric for column in query.columns if column.metric is not None]
@@ -54,7 +69,28 @@ def page(db: Session, *, query: RunQuery, limit: int, offset: int) -> RunsTable:
                 summary = summaries.get((run.id, column.metric or ""))
                 row[column.label] = None if summary is None else getattr(summary, f"{column.stat}_value")
         values[run.id] = row
-    return RunsTable(found, total, query, values)
+    lines = loss_sparklines(db, run_ids=[run.id for run in found]) if sparklines else {}
+    return RunsTable(found, total, query, values, lines)
+
+
+def loss_sparklines(db: Session, *, run_ids: Sequence[int]) -> dict[int, Sparkline]:
+    """Each run's loss sparkline (of the first of LOSS_KEYS it has with two points or more), from its tier rows."""
+    read = table_store.sparklines(db, run_ids=run_ids, keys=LOSS_KEYS, points=SPARK_POINTS)
+    lines = {series: [(step, value) for step, value in line if math.isfinite(value)] for series, line in read.items()}
+    found = {}
+    for run_id in run_ids:
+        key = next((key for key in LOSS_KEYS if len(lines.get((run_id, key), ())) >= 2), None)
+        if key is not None:
+            found[run_id] = _scaled(key, lines[(run_id, key)])
+    return found
+
+
+def _scaled(key: str, line: list[tuple[int, float]]) -> Sparkline:
+    steps, values = [step for step, _ in line], [value for _, value in line]
+    low, high = min(values), max(values)
+    width, height = (steps[-1] - steps[0]) or 1, (high - low) or 1
+    points = tuple(((step - steps[0]) / width, (value - low) / height) for step, value in line)
+    return Sparkline(key, points, values[0], values[-1])
 
 
 def _check_metrics_reported(db: Session, query: RunQuery) -> None:

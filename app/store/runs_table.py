@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, case, exists, func, or_, select
 from sqlalchemy.orm import Session, aliased, selectinload
 
-from app.core.models import MetricSummary, Run, RunTag
+from app.core.models import MetricSeries, MetricSummary, MetricTier, Run, RunTag
+from app.store.charts import TIERS
 from app.store.runs_table_query import Condition, RunQuery, Target
 
 OPS = {"<": "__lt__", "<=": "__le__", ">": "__gt__", ">=": "__ge__", "=": "__eq__", "!=": "__ne__"}
@@ -152,3 +153,27 @@ def summaries(db: Session, *, run_ids: Sequence[int], keys: Sequence[str]) -> di
         return {}
     rows = db.scalars(select(MetricSummary).where(MetricSummary.run_id.in_(run_ids), MetricSummary.key.in_(keys)))
     return {(row.run_id, row.key): row for row in rows}
+
+
+def sparklines(
+    db: Session, *, run_ids: Sequence[int], keys: Sequence[str], points: int
+) -> dict[tuple[int, str], list[tuple[int, float]]]:
+    """A small line of each of these runs' series of these keys, by (run, key): per bucket of the finest tier that
+    cuts the series into fewer than `points` buckets, its highest step and the ranks' mean of their last values
+    there (NaN buckets left out). One query for the whole page, a few rows per series however long it is."""
+    if not run_ids or not keys:
+        return {}
+    # The tier each series is read at, from its summary's highest step (the coarsest where none is fine enough).
+    tier = case(*((MetricSummary.last_step < points * size, size) for size in TIERS[:-1]), else_=TIERS[-1])
+    rows = db.execute(
+        select(MetricSeries.run_id, MetricSeries.key, func.max(MetricTier.last_step), func.avg(MetricTier.last_value))
+        .join(MetricSummary, MetricSummary.series_id == MetricSeries.id)
+        .join(MetricTier, and_(MetricTier.series_id == MetricSeries.id, MetricTier.tier == tier))
+        .where(MetricSeries.run_id.in_(run_ids), MetricSeries.key.in_(keys), MetricTier.last_value.is_not(None))
+        .group_by(MetricSeries.run_id, MetricSeries.key, MetricTier.bucket)
+        .order_by(MetricSeries.run_id, MetricSeries.key, MetricTier.bucket)
+    )
+    lines: dict[tuple[int, str], list[tuple[int, float]]] = {}
+    for run_id, key, step, value in rows:
+        lines.setdefault((run_id, key), []).append((int(step), float(value)))
+    return lines

@@ -28,11 +28,27 @@ class FormField:
     choices: tuple[tuple[str, str], ...] = ()
 
     @property
+    def wide(self) -> bool:
+        return self.name in WIDE
+
+    def differs(self, value: object) -> bool:
+        """Whether a value of the form's is other than this field's default, both as the form writes them."""
+        return _as_text(value) != _as_text(self.default)
+
+    @property
     def range_text(self) -> str:
+        if self.kind == "text":  # its maximum is a length
+            return f"at most {_number(self.maximum)} characters" if self.maximum else ""
         if self.minimum is None and self.maximum is None:
             return ""
         low = "above 0" if self.minimum is None else _number(self.minimum)
         return f"{low} to {_number(self.maximum)}" if self.maximum is not None else f"at least {low}"
+
+
+def _as_text(value: object) -> str:
+    if value is None:
+        return ""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _number(value: float) -> str:
@@ -69,21 +85,36 @@ LABELS = {
     "slurm_constraint": "Constraint",
     "slurm_requeue": "Requeue when preempted or out of time",
     "slurm_max_requeues": "Requeues at most",
+    "priority": "Priority",
+    "preemptible": "May be preempted (it resumes)",
 }
 
 
-# The form's sections, in order; a field in none goes to the last.
+@dataclass(frozen=True)
+class FormGroup:
+    """One section of the form: its title, its fields in the schema's order, and whether it starts folded."""
+
+    title: str
+    fields: list[FormField]
+    folded: bool = False
+    opened_by: tuple[str, str] | None = None  # the field, and its value, that unfold it (Run on: slurm)
+
+
+# The form's sections, in order: what a user decides first, open; the rest folded. A field in none goes to the last.
 GROUPS = {
-    "What to train": ("name", "workload", "script", "script_args", "nproc_per_node", "epochs", "batch_size", "seed"),
-    "Optimization": ("grad_accum", "lr", "optimizer", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip",
-                     "precision", "val_every"),
+    "What to run": ("name", "workload", "script", "script_args"),
+    "Resources": ("launcher", "nproc_per_node", "priority", "preemptible"),
+    "Slurm job": ("slurm_nodes", "slurm_gpus_per_node", "slurm_cpus_per_task", "slurm_time_limit", "slurm_partition",
+                  "slurm_account", "slurm_qos", "slurm_constraint", "slurm_requeue", "slurm_max_requeues"),
+    "Training": ("epochs", "batch_size", "lr", "optimizer", "lr_schedule", "warmup_steps", "weight_decay", "grad_clip",
+                 "grad_accum", "precision", "val_every", "seed"),
     "Checkpoints": ("checkpoint_every", "checkpoint_unit", "keep_last", "keep_best", "best_metric", "init_from",
                     "init_optimizer", "allow_low_disk"),
-    "Where to run": ("launcher", "slurm_nodes", "slurm_gpus_per_node", "slurm_cpus_per_task", "slurm_time_limit",
-                     "slurm_partition", "slurm_account", "slurm_qos", "slurm_constraint", "slurm_requeue",
-                     "slurm_max_requeues"),
-    "DDP and recovery": (),
+    "Advanced: DDP, NCCL, desync checks": (),
 }  # fmt: skip
+FOLDED = {"Slurm job", "Advanced: DDP, NCCL, desync checks"}
+OPENED_BY = {"Slurm job": ("launcher", "slurm")}
+WIDE = {"name", "workload", "script", "script_args", "init_from", "nccl_env"}  # a whole row: long choices, paths, lists
 
 
 def run_form_fields(*, capacity: int, partitions: dict[str, int] | None = None) -> list[FormField]:
@@ -98,14 +129,21 @@ def run_form_fields(*, capacity: int, partitions: dict[str, int] | None = None) 
     return [replace(f, kind="select", choices=offered) if f.name == "slurm_partition" else f for f in fields]
 
 
-def run_form_groups(*, capacity: int, partitions: dict[str, int] | None = None) -> list[tuple[str, list[FormField]]]:
-    """The form's fields by section, each section in the schema's order."""
+def run_form_groups(*, capacity: int, partitions: dict[str, int] | None = None) -> list[FormGroup]:
+    """The form's fields by section, each section in the schema's order; a section with no field here is left out
+    (Slurm's, where this server cannot submit to Slurm)."""
     fields = run_form_fields(capacity=capacity, partitions=partitions)
     placed = {name for names in GROUPS.values() for name in names}
-    return [
-        (title, [f for f in fields if (f.name in names if names else f.name not in placed)])
+    groups = [
+        FormGroup(
+            title,
+            [f for f in fields if (f.name in names if names else f.name not in placed)],
+            title in FOLDED,
+            OPENED_BY.get(title),
+        )
         for title, names in GROUPS.items()
     ]
+    return [group for group in groups if group.fields]
 
 
 def _field(name: str, prop: dict[str, Any], capacity: int) -> FormField:
@@ -134,6 +172,9 @@ def _field(name: str, prop: dict[str, Any], capacity: int) -> FormField:
 def parse_run_form(values: dict[str, str]) -> RunCreate:
     """A RunCreate from the form's strings; raises FormInvalid with a message for each wrong field."""
     fields: dict[str, object] = {k: v for k, v in values.items() if k in RunCreate.model_fields}
+    # An unchecked box sends nothing: one checked by default (preemptible) that is missing was unchecked.
+    fields |= {name: "false" for name, info in RunCreate.model_fields.items() if info.default is True
+               and name not in values}  # fmt: skip
     errors = {}
     if "script_args" in fields:
         fields["script_args"] = _lines(values["script_args"])

@@ -37,7 +37,9 @@ def test_start_a_run_from_the_form_watch_the_chart_grow_and_stop_it(live_server:
     page.wait_for_function(f"() => Number(document.querySelector('#chart-summary').dataset.points) > {seen}",
                            timeout=30_000)  # fmt: skip
     expect(page.locator("#loss-chart canvas")).to_have_count(1)
-    expect(page.locator("#rank-output")).to_contain_text("rank 1")
+    # Each rank's output is read in the one logs panel (issue 38 merged "Output of each rank" into it).
+    expect(page.locator("#log-rank option", has_text="rank 1")).to_have_count(1)
+    expect(page.locator("#log-lines")).to_contain_text("[rank 0]")
 
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("#status")).to_have_text("stopped", timeout=60_000)

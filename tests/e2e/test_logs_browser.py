@@ -51,13 +51,13 @@ def test_follow_a_ranks_log_live_switch_rank_filter_and_read_what_went_wrong(
         )
         expect(page.locator("#log-status")).to_have_attribute("data-state", "live")
 
-        page.get_by_label("Filter").fill("SAVED")  # case-insensitive, applied by the server to the tail and new lines
+        page.locator("#log-filter").fill("SAVED")  # case-insensitive, applied by the server to the tail and new lines
         expect(lines).not_to_contain_text("started", timeout=10_000)
         expect(lines.locator("div").first).to_contain_text("saved")
         expect(page.locator("#log-status")).to_contain_text("matching")
-        page.get_by_label("Filter").fill("")
+        page.locator("#log-filter").fill("")
 
-        page.get_by_label("Rank").select_option("1")
+        page.locator("#log-rank").select_option("1")
         expect(lines).to_contain_text("[rank 1] started", timeout=10_000)
         expect(lines).not_to_contain_text("[rank 0]")
         expect(page.locator("#log-download")).to_have_attribute("href", f"/api/runs/{run['id']}/logs/1/stdout/download")
@@ -78,10 +78,10 @@ def test_follow_a_ranks_log_live_switch_rank_filter_and_read_what_went_wrong(
     expect(explain).to_contain_text("What went wrong")
     expect(explain.locator(".diagnosis").first).to_contain_text("ValueError: bad batch shape (3, 4)")
     expect(explain.locator(".diagnosis").nth(1)).to_have_attribute("data-kind", "peer_lost")
-    expect(page.get_by_label("Rank")).to_have_value("1")  # the panel opens on the rank that failed
-    expect(page.get_by_label("Stream")).to_have_value("stderr")
+    expect(page.locator("#log-rank")).to_have_value("1")  # the panel opens on the rank that failed
+    expect(page.locator("#log-stream")).to_have_value("stderr")
     expect(lines).to_contain_text("batch = next(loader)")
-    page.get_by_label("Rank").select_option("0")
+    page.locator("#log-rank").select_option("0")
     expect(lines).not_to_contain_text("bad batch shape")
     explain.get_by_role("button", name="Show rank 1's stderr").click()
     expect(lines).to_contain_text("ValueError: bad batch shape (3, 4)")

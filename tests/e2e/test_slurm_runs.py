@@ -217,9 +217,9 @@ def test_from_the_form_a_slurm_run_waits_with_its_reason_runs_and_stops(
     # Each agent's rank live in the log panel (the second agent's rank 1 as well), and Slurm's own output beside them.
     lines = page.locator("#log-lines")
     expect(lines).to_contain_text("[rank 0] started", timeout=60_000)
-    page.get_by_label("Rank").select_option("1")
+    page.locator("#log-rank").select_option("1")
     expect(lines).to_contain_text("[rank 1] started", timeout=30_000)
-    page.get_by_label("Rank").select_option("launcher")
+    page.locator("#log-rank").select_option("launcher")
     expect(page.locator("#log-rank")).to_contain_text("Slurm output")
     expect(lines).to_contain_text("--- rankboard launch", timeout=30_000)
     page.get_by_text("Configuration and command").click()

@@ -4,10 +4,10 @@ what goes), act on the runs selected in the table, and compare runs."""
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from app.core.errors import FieldInvalid
@@ -94,7 +94,13 @@ def bulk(
     return RedirectResponse(_back(values), status_code=303)
 
 
+CompareOptions = Annotated[
+    Literal["differ", "all"] | None,
+    Query(description="The options table: only the rows that differ, or all; default: only those, past 10 rows."),
+]
+
+
 @router.get("/compare", response_class=HTMLResponse)
-def compare_page(request: Request, db: SessionDep, run: CompareRuns) -> Response:
-    """2 to 10 runs: their options side by side, one chart per common metric, a summary of each."""
-    return page(request, "compare.html", {"comparison": compare.compare(db, run_ids=run)})
+def compare_page(request: Request, db: SessionDep, run: CompareRuns, options: CompareOptions = None) -> Response:
+    """2 to 10 runs: their options side by side, a chart of every metric any of them has, a summary of each."""
+    return page(request, "compare.html", {"comparison": compare.compare(db, run_ids=run), "options": options})
