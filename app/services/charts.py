@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
-import operator
-
 from sqlalchemy.orm import Session
 
 from app.core.errors import FieldInvalid, SeriesNotFound
 from app.schemas.metrics import ChartOut, ChartRankOut
 from app.services import runs
 from app.store import charts as chart_store
-from app.store import chunks
 from app.store import metrics as metric_store
-from app.store.charts import Bucket
+from app.store.charts import Buckets
 
 
 def chart(
@@ -36,32 +32,32 @@ def chart(
     if start_step is not None and end_step is not None and end_step < start_step:
         raise FieldInvalid("end_step", f"end_step ({end_step}) must not be before start_step ({start_step})")
     with db.begin():
-        runs.get_run(db, run_id=run_id)
-        series_id = metric_store.find_series(db, run_id=run_id, key=key)
-        if series_id is None:
+        found = chart_store.chart_series(db, run_id=run_id, key=key)
+        if found is None:
+            runs.get_run(db, run_id=run_id)
             raise SeriesNotFound(run_id, key, metric_store.series_keys(db, run_id=run_id))
-        first, last = chunks.step_range(db, series_id=series_id) or (0, 0)
+        series_id, (first, last) = found[0], found[1] or (0, 0)
         if start_step is None:
             start_step = first if end_step is None else min(first, end_step)
         # A range past the last point is a chart with nothing in it yet, not a mistake.
         end_step = max(start_step, last) if end_step is None else end_step
         plan = chart_store.plan(start_step=start_step, end_step=end_step, width=width)
         buckets = chart_store.buckets(db, series_id=series_id, chart=plan, rank=rank)
-    return ChartOut(
-        key=key, start_step=start_step, end_step=end_step, bucket_steps=plan.bucket_steps, ranks=_by_rank(buckets)
-    )
+    # Built without validation: the values come from the store, and checking each of a chart's 5,000 numbers again
+    # took longer than reading them. FastAPI writes it with the model's serializer (MetricValue's "NaN" included).
+    return ChartOut.model_construct(key=key, start_step=start_step, end_step=end_step,
+                                    bucket_steps=plan.bucket_steps, ranks=_by_rank(buckets))  # fmt: skip
 
 
-def _by_rank(buckets: list[Bucket]) -> dict[str, ChartRankOut]:
-    """The buckets, which come by rank then step, as one model per rank (a model per bucket cost 4 ms a chart)."""
-    ranks: dict[str, ChartRankOut] = {}
-    for rank, group in itertools.groupby(buckets, key=operator.attrgetter("rank")):
-        rows = list(group)
-        ranks[str(rank)] = ChartRankOut(
-            step=[b.step for b in rows],
-            min=[b.min for b in rows],
-            max=[b.max for b in rows],
-            last=[b.last for b in rows],
-            time=[b.time for b in rows],
+def _by_rank(buckets: Buckets) -> dict[str, ChartRankOut]:
+    """The buckets, which come by rank then step, as one model per rank."""
+    return {
+        str(rank): ChartRankOut.model_construct(
+            step=part.steps.tolist(),
+            min=part.mins.tolist(),
+            max=part.maxs.tolist(),
+            last=part.lasts.tolist(),
+            time=part.times.tolist(),
         )
-    return ranks
+        for rank, part in buckets.by_rank()
+    }

@@ -7,23 +7,28 @@ on ingest from the points themselves (so re-sending a batch changes nothing).
 
 A chart reads the coarsest tier whose bucket fits in the requested bucket, so at most TIER_RATIO * width rows per
 rank, or the raw points when the requested bucket is smaller than the finest tier (fewer than TIERS[0] * width
-steps). Results stay exact: requested buckets are whole tier buckets (see `plan`), and the steps at the edges of the
-range that only part-fill a tier bucket are read from the raw points.
+steps). Results stay exact: requested buckets are whole tier buckets (see `plan`); at the edges of the range, what
+only part-fills a tier bucket is read from finer tiers' whole buckets, and the few steps left from the raw points.
+
+The read is the chart's hot path (bench/versus_tensorboard.py): the aggregation stays in SQL, the rows come through
+the driver's own cursor, and the buckets are assembled as numpy columns (`Buckets`), not an object each. numpy is
+imported by the functions that use it, as in app.store.chunks.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.store import chunks
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TIER_RATIO = 16
 # Bucket sizes in steps; each tier is built from the one before it, TIER_RATIO of its rows per bucket.
@@ -65,20 +70,42 @@ class ChartPlan:
     tier: int | None
 
 
-class Bucket(NamedTuple):
-    """One rank's bucket: its highest step, the min and max (NaN when it holds only NaN), and the value and unix time
-    at its highest step.
+@dataclass(frozen=True)
+class Buckets:
+    """A chart's buckets as equally long columns, by rank then step: each bucket's rank, its highest step, its min
+    and max (NaN when it holds only NaN), and the value and unix time at its highest step.
 
-    A named tuple, like StoredPoint: a chart is a thousand of them, and a frozen dataclass is several times slower to
-    make.
+    Columns, not an object per bucket: a chart is a thousand buckets, assembled, merged and written as JSON whole.
     """
 
-    rank: int
-    step: int
-    min: float
-    max: float
-    last: float
-    time: float
+    ranks: np.ndarray
+    steps: np.ndarray
+    mins: np.ndarray
+    maxs: np.ndarray
+    lasts: np.ndarray
+    times: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @staticmethod
+    def of_points(points: chunks.Points) -> Buckets:
+        """Each point as a bucket of its own."""
+        return Buckets(points.ranks, points.steps, points.values, points.values, points.values, points.times)
+
+    def by_rank(self) -> Iterator[tuple[int, Buckets]]:
+        """Each rank with its buckets."""
+        import numpy as np
+
+        if not len(self):
+            return
+        bounds = [0, *(np.flatnonzero(np.diff(self.ranks)) + 1).tolist(), len(self)]
+        for start, end in itertools.pairwise(bounds):
+            part = slice(start, end)
+            yield int(self.ranks[start]), Buckets(*(column[part] for column in self.columns()))
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        return self.ranks, self.steps, self.mins, self.maxs, self.lasts, self.times
 
 
 def plan(*, start_step: int, end_step: int, width: int) -> ChartPlan:
@@ -101,91 +128,123 @@ def plan(*, start_step: int, end_step: int, width: int) -> ChartPlan:
     return ChartPlan(start_step, end_step, origin, bucket_steps, tier)
 
 
-def buckets(db: Session, *, series_id: int, chart: ChartPlan, rank: int | None) -> list[Bucket]:
+def chart_series(db: Session, *, run_id: int, key: str) -> tuple[int, tuple[int, int] | None] | None:
+    """The series' id and its lowest and highest step (None without points); None when the run has no such series.
+
+    One statement, for a chart's hot path: the series and the points of its first and last chunk, each found with
+    one seek in the chunks' key.
+    """
+    rows = db.execute(
+        text(
+            "SELECT s.id, c.chunk, c.n, c.data FROM metric_series s LEFT JOIN metric_chunks c ON c.series_id = s.id"
+            " AND c.chunk IN ((SELECT MIN(chunk) FROM metric_chunks WHERE series_id = s.id),"
+            " (SELECT MAX(chunk) FROM metric_chunks WHERE series_id = s.id))"
+            " WHERE s.run_id = :run_id AND s.key = :key"
+        ),
+        {"run_id": run_id, "key": key},
+    ).all()
+    if not rows:
+        return None
+    if rows[0].chunk is None:
+        return rows[0].id, None
+    ends = min(row.chunk for row in rows), max(row.chunk for row in rows)
+    first = min(int(chunks.decode(row.data, row.n).steps[0]) for row in rows if row.chunk == ends[0])
+    last = max(int(chunks.decode(row.data, row.n).steps[-1]) for row in rows if row.chunk == ends[1])
+    return rows[0].id, (first, last)
+
+
+def buckets(db: Session, *, series_id: int, chart: ChartPlan, rank: int | None) -> Buckets:
     """The chart's buckets of every rank (or of `rank`), by rank then step.
 
     Whole tier buckets are aggregated in SQL, each chart bucket's last value and time read from the tier row holding
-    its last step; the part-filled tier buckets at the ends (or a range too short for any tier) from the chunks' points.
+    its last step; the part-filled tier buckets at the ends from finer tiers' whole buckets, and only the steps that
+    no tier bucket covers (fewer than the finest tier's at each end, or a range too short for any) from the points.
     """
-    found: dict[tuple[int, int], Bucket] = {}
-    for first, last in _raw_ranges(chart):
-        points = chunks.read(db, series_id=series_id, first=first, last=last, rank=rank)
-        for k, bucket in _aggregated(points, chart):
-            found[k] = _joined(found.get(k), bucket)
-    if chart.tier is not None and (whole := _whole_tier_buckets(chart)) is not None:
-        params: dict[str, Any] = {"series_id": series_id, "tier": chart.tier, "first_bucket": whole[0],
-                                  "last_bucket": whole[1], "tier_origin": chart.origin // chart.tier,
-                                  "tier_buckets": chart.bucket_steps // chart.tier, "rank": rank}  # fmt: skip
-        rows: Sequence[Any] = db.execute(text(_tier_query(rank)), params).all()  # all at once: several times faster
-        for rank_, k, low, high, step, last, when in rows:
-            found[(rank_, k)] = _joined(
-                found.get((rank_, k)), Bucket(rank_, step, _value(low), _value(high), _value(last), when)
-            )
-    return sorted(found.values(), key=lambda bucket: (bucket.rank, bucket.step))
+    spans, raw = _reads(chart)
+    parts = [Buckets.of_points(chunks.read(db, series_id=series_id, first=first, last=last, rank=rank))
+             for first, last in raw]  # fmt: skip
+    if spans:
+        parts.append(_tier_buckets(db, series_id=series_id, chart=chart, spans=spans, rank=rank))
+    return _joined(parts, chart)
 
 
-def _aggregated(points: chunks.Points, chart: ChartPlan) -> list[tuple[tuple[int, int], Bucket]]:
-    """Points as ((rank, k), bucket) of chart bucket k: min and max ignoring NaN, value and time at the last step."""
-    if not len(points):
-        return []
-    k = (points.steps - chart.origin) // chart.bucket_steps
-    order = np.lexsort((points.steps, k, points.ranks))
-    ranks, k, steps, values = points.ranks[order], k[order], points.steps[order], points.values[order]
+def _tier_buckets(
+    db: Session, *, series_id: int, chart: ChartPlan, spans: Sequence[tuple[int, int, int]], rank: int | None
+) -> Buckets:
+    """The chart buckets that each span of whole tier buckets gives, all spans in one statement."""
+    import numpy as np
+
+    connection = db.connection()
+    query = " UNION ALL ".join([_tier_query(rank is not None)] * len(spans)).replace("?", chunks.marker(connection))
+    params = [value for tier, first, last in spans
+              for value in (chart.origin // tier, chart.bucket_steps // tier, series_id, tier, first, last,
+                            *([] if rank is None else [rank]), series_id, tier, tier)]  # fmt: skip
+    # Through the driver's own cursor: a chart reads a thousand rows, and SQLAlchemy's Row for each took a tenth of
+    # the chart's time.
+    cursor = connection.connection.cursor()
+    try:
+        cursor.execute(query, params)
+        rows = cursor.fetchall()
+    finally:
+        cursor.close()
+    ranks, steps, lows, highs, lasts, times = zip(*rows, strict=True) if rows else ((),) * 6
+    # None (NULL: NaN, see MetricPoint) becomes NaN in a float array.
+    return Buckets(np.array(ranks, np.int64), np.array(steps, np.int64), np.array(lows, np.float64),
+                   np.array(highs, np.float64), np.array(lasts, np.float64), np.array(times, np.float64))  # fmt: skip
+
+
+def _reads(chart: ChartPlan) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """What the chart reads: (tier, first bucket, last bucket) of whole tier buckets, and step ranges of points.
+
+    The chart's tier for the inside of the range; at each end, what is left to each finer tier's whole buckets in
+    turn. Each tier divides the chart's (they are powers of TIER_RATIO), so each of its buckets still lies in one
+    chart bucket; an end that only part-fills a bucket of 65,536 steps reads a few rows, not a thousand chunks.
+    """
+    left, spans = [(chart.start_step, chart.end_step)], []
+    for tier in reversed([tier for tier in TIERS if chart.tier is not None and tier <= chart.tier]):
+        rest = []
+        for low, high in left:
+            first, last = -(-low // tier), (high + 1) // tier - 1
+            if first > last:
+                rest.append((low, high))
+                continue
+            spans.append((tier, first, last))
+            rest += [(a, b) for a, b in ((low, first * tier - 1), ((last + 1) * tier, high)) if a <= b]
+        left = rest
+    return spans, left
+
+
+def _joined(parts: Sequence[Buckets], chart: ChartPlan) -> Buckets:
+    """The parts as one bucket per rank and chart bucket: min and max ignoring NaN (NaN only where all are), and
+    the value and time at the highest step. A tier row or a point is in one chart bucket: `plan` aligns them."""
+    import numpy as np
+
+    parts = [part for part in parts if len(part)]
+    if not parts:
+        return Buckets(*(np.empty(0, dtype) for dtype in (np.int64, np.int64, *[np.float64] * 4)))
+    ranks, steps, lows, highs, lasts, times = (
+        np.concatenate(c) for c in zip(*(p.columns() for p in parts), strict=True)
+    )
+    k = (steps - chart.origin) // chart.bucket_steps
+    order = np.lexsort((steps, k, ranks))
+    ranks, k, steps = ranks[order], k[order], steps[order]
     starts = np.flatnonzero(np.r_[True, (np.diff(ranks) != 0) | (np.diff(k) != 0)])
     ends = np.r_[starts[1:], len(steps)] - 1
-    first_ranks = ranks[starts].tolist()
-    columns = zip(first_ranks, steps[ends].tolist(), np.fmin.reduceat(values, starts).tolist(),
-                  np.fmax.reduceat(values, starts).tolist(), values[ends].tolist(),
-                  points.times[order][ends].tolist(), strict=True)  # fmt: skip
-    keys = zip(first_ranks, k[starts].tolist(), strict=True)
-    return list(zip(keys, itertools.starmap(Bucket, columns), strict=True))  # no Python-level loop: a chart's hot path
+    return Buckets(ranks[ends], steps[ends], np.fmin.reduceat(lows[order], starts),
+                   np.fmax.reduceat(highs[order], starts), lasts[order][ends], times[order][ends])  # fmt: skip
 
 
-def _joined(one: Bucket | None, other: Bucket) -> Bucket:
-    """Two parts of one chart bucket as one: NaN in min or max means "no number there", as in the tiers."""
-    if one is None:
-        return other
-    low = one.min if math.isnan(other.min) else other.min if math.isnan(one.min) else min(one.min, other.min)
-    high = one.max if math.isnan(other.max) else other.max if math.isnan(one.max) else max(one.max, other.max)
-    last = one if one.step > other.step else other
-    return Bucket(one.rank, last.step, low, high, last.last, last.time)
-
-
-def _value(stored: float | None) -> float:
-    return math.nan if stored is None else stored  # NULL stands for NaN (see MetricPoint)
-
-
-def _whole_tier_buckets(chart: ChartPlan) -> tuple[int, int] | None:
-    """The first and last tier bucket lying wholly inside the range; None when there is none."""
-    assert chart.tier is not None
-    first, last = -(-chart.start_step // chart.tier), (chart.end_step + 1) // chart.tier - 1
-    return (first, last) if first <= last else None
-
-
-def _raw_ranges(chart: ChartPlan) -> list[tuple[int, int]]:
-    """The step ranges read from raw points: all of it without a tier, else the part-filled tier buckets at the ends."""
-    whole = None if chart.tier is None else _whole_tier_buckets(chart)
-    if chart.tier is None or whole is None:
-        return [(chart.start_step, chart.end_step)]
-    head_end, tail_start = whole[0] * chart.tier - 1, (whole[1] + 1) * chart.tier
-    ranges = []
-    if chart.start_step <= head_end:
-        ranges.append((chart.start_step, head_end))
-    if tail_start <= chart.end_step:
-        ranges.append((tail_start, chart.end_step))
-    return ranges
-
-
-def _tier_query(rank: int | None) -> str:
-    only_rank = " AND rank = :rank" if rank is not None else ""
+def _tier_query(one_rank: bool) -> str:
+    """Chart buckets from whole tier buckets, in the driver's positional parameters (written "?"): the tier's
+    origin bucket, tier buckets per chart bucket, series_id, tier, first and last bucket, [rank], series_id, tier,
+    tier."""
     return (
-        "SELECT a.rank, a.k, a.min_value, a.max_value, a.last_step, t.last_value, t.last_time"
-        " FROM (SELECT rank, (bucket - :tier_origin) / :tier_buckets AS k, MIN(min_value) AS min_value,"
+        "SELECT a.rank, a.last_step, a.min_value, a.max_value, t.last_value, t.last_time"
+        " FROM (SELECT rank, (bucket - ?) / ? AS k, MIN(min_value) AS min_value,"
         "  MAX(max_value) AS max_value, MAX(last_step) AS last_step FROM metric_tiers"
-        f"  WHERE series_id = :series_id AND tier = :tier AND bucket BETWEEN :first_bucket AND :last_bucket{only_rank}"
+        f"  WHERE series_id = ? AND tier = ? AND bucket BETWEEN ? AND ?{' AND rank = ?' if one_rank else ''}"
         "  GROUP BY rank, k) a"
-        " JOIN metric_tiers t ON t.series_id = :series_id AND t.tier = :tier AND t.bucket = a.last_step / :tier"
-        "  AND t.rank = a.rank"
+        " JOIN metric_tiers t ON t.series_id = ? AND t.tier = ? AND t.bucket = a.last_step / ? AND t.rank = a.rank"
     )
 
 
@@ -231,6 +290,8 @@ def _upsert_parts(*, times: bool) -> tuple[str, str]:
 
 def _finest_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
     """The finest tier's rows of the buckets that gained points, with NULL for NaN: all chunks in one pass."""
+    import numpy as np
+
     finest = TIERS[0]
     steps = np.concatenate([chunk.merged.steps for chunk in written])
     values = np.concatenate([chunk.merged.values for chunk in written])
@@ -273,5 +334,5 @@ def _upsert(db: Session, statement: str, spans: Sequence[Span]) -> None:
         values = ",".join([f"({marker},{marker},{marker},{marker})"] * len(chunk))
         connection.exec_driver_sql(
             f"WITH touched (series_id, rank, first, last) AS (VALUES {values}) {statement}",
-            tuple(value for span in chunk for value in span),
+            tuple(itertools.chain.from_iterable(chunk)),
         )

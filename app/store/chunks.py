@@ -12,18 +12,36 @@ The chunk of a step is step // SPAN, so where a point goes is fixed by its key: 
 (stored once, the first value kept), and a point arriving late merges into its chunk whatever came in between.
 Ingest rewrites only the chunks a batch touches; a trainer appending steps rewrites its last chunk, at most SPAN
 points per rank.
+
+A chunk whose values are all decimals of up to MAX_DECIMALS digits (GPU and system samples: whole percents, degrees,
+MHz and bytes, watts from NVML's milliwatts, psutil's one-decimal percent) is written as a time-series database
+writes samples, when ingest asks for it (the first byte says which format a blob is; 0021 converts a store's
+samples): the steps, the times' float64 bits and the values as whole numbers of 10**-decimals, each as differences
+less their least (a sampler's steps go up a second at a time, and its times by about a second: what is left is the
+sampler's jitter), byte-shuffled and deflated. It reads back bit for bit. A GPU node's samples then take 2.9 bytes a
+point where they took 4.8, a host's 3.9 where they took 6.0 (bench/samples_codec.py); nearly all of what is left is
+the times' jitter, which a point's exact float64 time keeps. A noisy float (a loss) fails the decimal test at its
+first value and keeps the shuffled floats, byte for byte as before.
+
+numpy is imported by the functions that use it, not at import: it was a tenth of an idle server's memory, and a
+server that only serves pages never needs it.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Steps per chunk: a multiple of the finest chart tier (app.store.charts), so a tier bucket never spans two chunks.
 # Small enough that a chunk of a trainer's loss (about 9 bytes a point, 600 in all) fits in its B-tree page: SQLite
@@ -33,6 +51,12 @@ SPAN = 64
 LEVEL = 1
 # SQLite allows 32,766 parameters in one statement: 3 per chunk key.
 KEYS_PER_STATEMENT = 8000
+# A blob's first byte: zlib's header for shuffled float columns (every chunk before 0021, and the live pages' log),
+# SAMPLES for integer-coded samples (the byte after it: their decimal digits).
+SHUFFLED = 0x78
+SAMPLES = 0x01
+# The most decimal digits a sample's values may have: NVML's milliwatts as watts.
+MAX_DECIMALS = 3
 ChunkKey = tuple[int, int, int]  # (series_id, chunk, rank)
 
 
@@ -47,6 +71,8 @@ class Points:
 
     @staticmethod
     def empty() -> Points:
+        import numpy as np
+
         return Points(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), np.empty(0))
 
     def __len__(self) -> int:
@@ -62,6 +88,8 @@ class Points:
     @staticmethod
     def joined(parts: Sequence[Points]) -> Points:
         """The parts together, sorted by step, then rank."""
+        import numpy as np
+
         if not parts:
             return Points.empty()
         steps, ranks, values, times = (np.concatenate(c) for c in zip(*(p.columns() for p in parts), strict=True))
@@ -80,6 +108,8 @@ class Column:
     @staticmethod
     def of(steps: Sequence[int], values: Sequence[float], times: Sequence[float]) -> Column:
         """The points as sent; a step sent twice keeps its first point, as storing it twice would."""
+        import numpy as np
+
         step_array = np.asarray(steps, dtype=np.int64)
         unique, first = np.unique(step_array, return_index=True)
         return Column(unique, np.asarray(values, dtype=np.float64)[first], np.asarray(times, dtype=np.float64)[first])
@@ -95,9 +125,15 @@ class Written:
     added: np.ndarray  # bool mask over merged
 
 
-def encode(steps: np.ndarray, values: np.ndarray, times: np.ndarray, level: int = LEVEL) -> bytes:
-    """Steps (ascending; stored as deltas), values and times as one compressed, byte-shuffled blob; at `level` 0
-    only framed, for data kept briefly."""
+def encode(
+    steps: np.ndarray, values: np.ndarray, times: np.ndarray, level: int = LEVEL, *, samples: bool = False
+) -> bytes:
+    """Steps (ascending), values and times as one compressed blob of byte-shuffled floats, or with `samples` as
+    samples where the values allow it; at `level` 0 only framed, for data kept briefly."""
+    import numpy as np
+
+    if samples and (found := _decimals(values)) is not None:
+        return _encode_samples(steps, times, *found)
     n = len(steps)
     columns = np.empty((3, n), dtype="<f8")  # assigned through views: copies and casts cost more than the zlib
     deltas = columns[0].view("<i8")
@@ -109,9 +145,86 @@ def encode(steps: np.ndarray, values: np.ndarray, times: np.ndarray, level: int 
 
 def decode(blob: bytes, n: int) -> Column:
     """What `encode` packed; `n` is its number of points."""
-    shuffled = np.frombuffer(zlib.decompress(blob), dtype=np.uint8).reshape(3, 8, n)
-    columns = shuffled.transpose(0, 2, 1).copy().view("<u8").reshape(3, n)
+    import numpy as np
+
+    if blob[0] == SAMPLES:
+        return _decode_samples(blob, n)
+    columns = _unshuffled(zlib.decompress(blob), n)
     return Column(np.cumsum(columns[0].view("<i8")), columns[1].view("<f8"), columns[2].view("<f8"))
+
+
+def _decimals(values: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """The fewest decimal digits, up to MAX_DECIMALS, in which every value is written exactly, with the values as
+    whole numbers of 10**-digits: those divided by 10**digits give the values back bit for bit. None when no digits
+    do (NaN, infinities, -0.0, a noisy float: that fails at its first value, at a tenth of the array's cost)."""
+    import numpy as np
+
+    first = float(values[0]) if len(values) else math.nan
+    for digits in range(MAX_DECIMALS + 1):
+        scale = 10.0**digits
+        if not math.isfinite(first) or abs(first * scale) > 2**53 or round(first * scale) / scale != first:
+            continue
+        whole = np.rint(values * scale)
+        if not np.abs(whole).max() <= 2**53:  # NaN and infinities too: a cast of them would warn
+            continue
+        numbers = whole.astype("<i8")
+        # Compared as the decoder will make them, from whole numbers: -0.0 and 0.0 are one whole number.
+        if ((numbers / scale).view("<i8") == values.view("<i8")).all():
+            return digits, numbers
+    return None
+
+
+def _encode_samples(steps: np.ndarray, times: np.ndarray, decimals: int, numbers: np.ndarray) -> bytes:
+    """A head of six numbers (the first step, the first time's bits less those of the first step as a float, the
+    first whole value, and the least difference of each), then the differences of the steps, of the times' bits and
+    of the whole values, each less its least: a sampler's period, as a whole number of the times' last bit, leaves
+    only its jitter. All of it wraps around 2**64, so any bits come back."""
+    import numpy as np
+
+    columns = np.empty((3, len(steps)), "<i8")
+    columns[0], columns[1], columns[2] = steps, np.ascontiguousarray(times, "<f8").view("<i8"), numbers
+    changes = np.subtract(columns[:, 1:], columns[:, :-1])  # np.diff, without its checks: a chunk is small
+    least = changes.min(axis=1) if changes.shape[1] else np.zeros(3, "<i8")
+    changes -= least[:, None]
+    offset = _wrapped(int(columns[1, 0]) - _float_bits(int(columns[0, 0])))
+    head = struct.pack("<6q", columns[0, 0], offset, columns[2, 0], *least.tolist())
+    body = changes.view(np.uint8).reshape(3, -1, 8).transpose(0, 2, 1).tobytes()
+    # Raw deflate: zlib's header and checksum were 6 bytes a chunk.
+    return bytes((SAMPLES, decimals)) + zlib.compress(head + body, LEVEL, wbits=-15)
+
+
+def _decode_samples(blob: bytes, n: int) -> Column:
+    import numpy as np
+
+    data = zlib.decompress(blob[2:], wbits=-15)
+    first_step, offset, first_number, *least = struct.unpack_from("<6q", data)
+    changes = np.empty((3, n - 1), "<i8")
+    changes.view(np.uint8).reshape(3, n - 1, 8)[...] = (
+        np.frombuffer(data, np.uint8, offset=48).reshape(3, 8, n - 1).transpose(0, 2, 1)
+    )
+    columns = np.empty((3, n), "<i8")
+    columns[:, 0] = first_step, _wrapped(_float_bits(first_step) + offset), first_number
+    np.add(changes, np.array(least, "<i8")[:, None], out=columns[:, 1:])
+    np.cumsum(columns, axis=1, out=columns)  # wraps as the differences did
+    return Column(columns[0], columns[2] / 10.0 ** blob[1], columns[1].view("<f8"))
+
+
+def _float_bits(step: int) -> int:
+    """The bits of the step as a float64, as a signed 64-bit number: what a sample's time is written against."""
+    return int(struct.unpack("<q", struct.pack("<d", float(step)))[0])
+
+
+def _wrapped(number: int) -> int:
+    """A Python integer as the signed 64-bit number it is modulo 2**64."""
+    return (number + 2**63) % 2**64 - 2**63
+
+
+def _unshuffled(data: bytes, n: int) -> np.ndarray:
+    """Three byte-shuffled columns of n 8-byte numbers, as a (3, n) array of uint64."""
+    import numpy as np
+
+    shuffled = np.frombuffer(data, dtype=np.uint8).reshape(3, 8, n)
+    return shuffled.transpose(0, 2, 1).copy().view("<u8").reshape(3, n)
 
 
 def marker(connection: Connection) -> str:
@@ -119,15 +232,22 @@ def marker(connection: Connection) -> str:
     return "?" if connection.dialect.paramstyle == "qmark" else "%s"
 
 
-def write(db: Session, columns: Mapping[tuple[int, int], Column]) -> list[Written]:
+def write(db: Session, columns: Mapping[tuple[int, int], Column], *, samples: bool = False) -> list[Written]:
     """Stores each (series_id, rank)'s column, merged into the chunks already stored; returns the chunks it changed.
 
     A point whose (series, step, rank) is stored already is skipped. Call it inside the ingest transaction with the
-    series locked (app.store.metrics.insert_points): it reads the chunks, then writes them back.
+    series locked (app.store.metrics.insert_points): it reads the chunks, then writes them back. `samples` codes a
+    chunk of short decimals as samples, as ingest does; without it every chunk is shuffled floats, as before 0021
+    (0015 moves an old store through here, and 0018 reads what it wrote as such; 0021 converts the samples).
     """
+    import numpy as np
+
     incoming: dict[ChunkKey, Column] = {}
     for (series_id, rank), column in columns.items():
         chunk_of = column.steps // SPAN
+        if len(chunk_of) and chunk_of[0] == chunk_of[-1]:  # a trainer's or sampler's batch: one chunk, no split
+            incoming[(series_id, int(chunk_of[0]), rank)] = column
+            continue
         bounds = np.flatnonzero(np.diff(chunk_of)) + 1
         for part in np.split(np.arange(len(chunk_of)), bounds):
             if len(part):
@@ -137,10 +257,10 @@ def write(db: Session, columns: Mapping[tuple[int, int], Column]) -> list[Writte
     written, rows = [], []
     for key, new in incoming.items():
         merged, added = _merged(stored.get(key), new)
-        if not added.any():
+        if not (added[-1] or added.any()):  # appended points make the last one new
             continue
         written.append(Written(key[0], key[2], merged, added))
-        blob = encode(merged.steps, merged.values, merged.times)
+        blob = encode(merged.steps, merged.values, merged.times, samples=samples)
         rows.append((*key, len(merged.steps), float(merged.times.min()), blob))
     if rows:
         connection = db.connection()
@@ -155,12 +275,16 @@ def write(db: Session, columns: Mapping[tuple[int, int], Column]) -> list[Writte
 
 def _merged(old: Column | None, new: Column) -> tuple[Column, np.ndarray]:
     """A chunk's points with the new ones whose step it lacks, and a mask of those over the result."""
+    import numpy as np
+
     if old is None:
         return new, np.ones(len(new.steps), dtype=bool)
     if old.steps[-1] < new.steps[0]:  # a trainer appending: the common case, without a search or a sort
         steps = np.concatenate([old.steps, new.steps])
         merged = Column(steps, np.concatenate([old.values, new.values]), np.concatenate([old.times, new.times]))
-        return merged, np.r_[np.zeros(len(old.steps), bool), np.ones(len(new.steps), bool)]
+        added = np.zeros(len(steps), bool)
+        added[len(old.steps) :] = True
+        return merged, added
     fresh = ~np.isin(new.steps, old.steps, assume_unique=True)
     steps = np.concatenate([old.steps, new.steps[fresh]])
     order = np.argsort(steps, kind="stable")
@@ -182,7 +306,7 @@ def _read_chunks(db: Session, keys: Iterable[ChunkKey]) -> dict[ChunkKey, Column
             f"WITH wanted (series_id, chunk, rank) AS (VALUES {values})"
             " SELECT c.series_id, c.chunk, c.rank, c.n, c.data FROM wanted w JOIN metric_chunks c"
             " ON c.series_id = w.series_id AND c.chunk = w.chunk AND c.rank = w.rank",
-            tuple(value for key in part for value in key),
+            tuple(itertools.chain.from_iterable(part)),
         ).all()
         found |= {(series_id, chunk, rank): decode(data, n) for series_id, chunk, rank, n, data in rows}
     return found
@@ -201,6 +325,8 @@ def read(db: Session, *, series_id: int, first: int, last: int, rank: int | None
 
 def _points(rows: Sequence[Any]) -> Points:
     """(rank, n, data) rows as Points, sorted by step, then rank."""
+    import numpy as np
+
     parts = []
     for rank, n, data in rows:
         column = decode(data, n)
@@ -215,9 +341,18 @@ def step_range(db: Session, *, series_id: int) -> tuple[int, int] | None:
                       {"series_id": series_id}) for end in ("MIN", "MAX")]  # fmt: skip
     if ends[0] is None or ends[1] is None:
         return None
-    first = read(db, series_id=series_id, first=ends[0] * SPAN, last=ends[0] * SPAN + SPAN - 1)
-    last = read(db, series_id=series_id, first=ends[1] * SPAN, last=ends[1] * SPAN + SPAN - 1)
-    return int(first.steps[0]), int(last.steps[-1])
+    return steps_at_ends(db, series_id=series_id, first_chunk=ends[0], last_chunk=ends[1])
+
+
+def steps_at_ends(db: Session, *, series_id: int, first_chunk: int, last_chunk: int) -> tuple[int, int]:
+    """The lowest step in chunk `first_chunk` and the highest in `last_chunk` (both stored), any rank."""
+    rows = db.execute(
+        text("SELECT chunk, n, data FROM metric_chunks WHERE series_id = :series_id AND chunk IN (:first, :last)"),
+        {"series_id": series_id, "first": first_chunk, "last": last_chunk},
+    ).all()
+    first = min(int(decode(data, n).steps[0]) for chunk, n, data in rows if chunk == first_chunk)
+    last = max(int(decode(data, n).steps[-1]) for chunk, n, data in rows if chunk == last_chunk)
+    return first, last
 
 
 def read_on_from(db: Session, *, series_id: int, step: int) -> int | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -14,6 +13,8 @@ from app.store.metrics import SERIES
 
 def recent_means(db: Session, *, run_id: int, keys: Sequence[str], steps: int) -> dict[tuple[str, int], float]:
     """{(key, rank): mean} of each series over its last `steps` steps (from its newest point back), NaN left out."""
+    import numpy as np  # on first use, not at the server's start (app.store.chunks)
+
     series = db.execute(select(SERIES.c.id, SERIES.c.key).where(SERIES.c.run_id == run_id, SERIES.c.key.in_(keys)))
     means = {}
     for series_id, key in series.all():

@@ -6,7 +6,6 @@ import functools
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-import numpy as np
 from sqlalchemy import Select, bindparam, or_, select
 from sqlalchemy.orm import Session
 
@@ -24,6 +23,8 @@ def gpu_means(
     that hold it, however long the series. Series without a point there are left out; a mean is None when the window
     holds only NaN.
     """
+    import numpy as np  # on first use, not at the server's start (app.store.chunks)
+
     keys = or_(*(SERIES.c.key.like(f"gpu/%/{field}") for field in fields))
     means: dict[str, float | None] = {}
     for series_id, key in db.execute(select(SERIES.c.id, SERIES.c.key).where(SERIES.c.run_id == run_id, keys)).all():

@@ -31,6 +31,7 @@ from app.core.db import alembic_config, make_engine, upgrade
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.main import create_app
+from app.schemas.metrics import ChartOut
 from app.services import metrics
 from app.store import charts as chart_store
 from app.store import chunks
@@ -146,6 +147,18 @@ def test_min_max_and_last_are_exact_for_any_range_width_and_rank(client: TestCli
     points = random_points(rng)
     send_shuffled(client, run_id, points, rng)
     check_random_requests(client, run_id, points, rng, count=25)
+
+
+def test_a_chart_answer_is_byte_for_byte_what_its_validated_model_writes(client: TestClient, run_id: int) -> None:
+    """A chart is built without validating its thousands of numbers (they come from the store): each answer is the
+    JSON of the model validated from it, byte for byte, NaN and infinities as their strings, every rank."""
+    rng = random.Random(4)
+    send_shuffled(client, run_id, random_points(rng), rng)
+    for params in ({"width": 1000}, {"width": 3}, {"width": 50, "start_step": 900, "end_step": 9000},
+                   {"width": 7, "rank": 1}, {"start_step": 10**9}):  # fmt: skip
+        response = client.get(f"/api/runs/{run_id}/chart", params={"key": KEY, **params})
+        assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+        assert response.content == ChartOut.model_validate_json(response.content).model_dump_json().encode()
 
 
 def test_a_single_step_spike_is_the_max_of_its_bucket_when_zoomed_out(client: TestClient, run_id: int) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from alembic.script import ScriptDirectory
 from fastapi.testclient import TestClient
 from sqlalchemy import JSON, Connection, column, insert, table, text
 
-from app.core.db import alembic_config, make_engine, prepare_schema, upgrade
+from app.core.db import alembic_config, make_engine, prepare_schema, schema_head, upgrade
 from app.core.errors import SchemaMismatch
 from app.core.models import Base
 from app.core.settings import Settings
@@ -47,6 +49,23 @@ def test_a_fresh_database_is_created_and_a_second_start_reuses_it(tmp_path: Path
     with make_engine(settings.sqlalchemy_url).connect() as connection:
         version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
     assert version == ScriptDirectory.from_config(alembic_config(settings.sqlalchemy_url)).get_current_head()
+
+
+def test_the_newest_migration_read_from_the_files_is_alembics_head() -> None:
+    assert schema_head() == ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def test_a_start_on_a_current_schema_loads_no_migration_code(tmp_path: Path) -> None:
+    """Alembic and its scripts (each migration a module) load only to change a schema or to explain one that is
+    not current: a server's start on a current one reads the version row and the files' revision lines."""
+    upgrade(f"sqlite:///{tmp_path / 'rankboard.db'}")
+    start = (
+        "import sys; from pathlib import Path; from app.core.settings import Settings; from app.main import create_app;"
+        f" folder = Path({str(tmp_path)!r}); create_app(Settings(data_dir=folder, shared_dir=folder / 'shared'));"
+        " print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'migrations')))"
+    )
+    done = subprocess.run([sys.executable, "-c", start], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_an_unknown_schema_version_is_refused(tmp_path: Path) -> None:

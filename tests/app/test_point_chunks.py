@@ -6,8 +6,11 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from alembic.command import downgrade, upgrade
+from alembic.script import ScriptDirectory
 from fastapi.testclient import TestClient
 from rankboard import wire
 from sqlalchemy import text
@@ -16,8 +19,10 @@ from sqlalchemy.orm import Session
 from app.core.db import alembic_config, make_engine
 from app.core.settings import Settings
 from app.main import create_app
+from app.store import charts as chart_store
+from app.store import chunks
 from app.store import metrics as metric_store
-from tests.app.conftest import post
+from tests.app.conftest import post, running_run
 from tests.app.test_charts import assert_exact, same
 
 BEFORE = "0013_goodput"
@@ -120,3 +125,130 @@ def test_the_log_for_live_pages_keeps_the_newest_points_each_once(client: TestCl
         assert count == 500
         page = metric_store.points_after(db, run_id=run_id, after_id=1700, limit=50)
         assert [point.id for point in page][:50] == list(range(1701, 1751))
+
+
+SAMPLES_REVISION = "0021_sample_chunks"
+# Per series: (values of n steps, what 0021 leaves its chunks as): whole numbers, NVML's milliwatts as watts,
+# psutil's one-decimal percent, bytes; a NaN keeps its chunk as floats; a noisy float, and a key that is no sample.
+SAMPLE_KINDS = {
+    "gpu/node-a/0/util": lambda rng, n: [float(rng.choice([100, 100, 100, 97, 0])) for _ in range(n)],
+    "gpu/node-a/0/power": lambda rng, n: [rng.randrange(600_000, 700_000) / 1000 for _ in range(n)],
+    "gpu/node-a/0/temp": lambda rng, n: [math.nan if i == 7 else float(40 + i % 30) for i in range(n)],
+    "sys/node-b/cpu_percent": lambda rng, n: [rng.randrange(0, 1001) / 10 for _ in range(n)],
+    "sys/node-b/mem_used": lambda rng, n: [float(rng.randrange(2**30, 2**36) // 4096 * 4096) for _ in range(n)],
+    "gpu/node-a/0/odd": lambda rng, n: [rng.gauss() for _ in range(n)],
+    "epoch": lambda rng, n: [float(i // 1000) for i in range(n)],
+}
+
+
+def sample_points(rng: random.Random, n: int) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """Each kind's points at unix-second steps (a gap in the middle), times a second apart with a sampler's jitter."""
+    steps = [1_763_000_000 + i + (500 if i >= n // 2 else 0) for i in range(n)]
+    times = [step + 0.25 + rng.random() * 1e-3 for step in steps]
+    return {key: (steps, make(rng, n), times) for key, make in SAMPLE_KINDS.items()}
+
+
+def chunk_rows(db: Session) -> dict[tuple[str, int, int], tuple[int, bytes]]:
+    """(key, chunk, rank) -> (n, data) of every chunk."""
+    rows = db.execute(text("SELECT s.key, c.chunk, c.rank, c.n, c.data FROM metric_chunks c"
+                           " JOIN metric_series s ON s.id = c.series_id")).all()  # fmt: skip
+    return {(key, chunk, rank): (n, bytes(data)) for key, chunk, rank, n, data in rows}
+
+
+def as_floats(n: int, data: bytes) -> bytes:
+    """The chunk as shuffled floats: how every chunk was stored before 0021."""
+    column = chunks.decode(data, n)
+    return chunks.encode(column.steps, column.values, column.times)
+
+
+def what_readers_return(db: Session, ids: dict[str, int]) -> dict[str, Any]:
+    """Every reader of the points over each series: the points, charts of three widths, the tiers, the count."""
+    seen: dict[str, Any] = {"tiers": db.execute(text("SELECT * FROM metric_tiers ORDER BY 1, 2, 3, 4")).all()}
+    for key, series_id in ids.items():
+        points = chunks.read(db, series_id=series_id, first=0, last=2**62)
+        seen[key] = [column.tobytes() for column in points.columns()]
+        first, last = chunks.step_range(db, series_id=series_id) or (0, 0)
+        for width in (1000, 50, 3):
+            plan = chart_store.plan(start_step=first, end_step=last, width=width)
+            found = chart_store.buckets(db, series_id=series_id, chart=plan, rank=None)
+            seen[key, width] = [column.tobytes() for column in found.columns()]
+        seen[key, "count"] = chunks.count(db, series_ids=[series_id])
+        seen[key, "newest"] = [c.tobytes() for c in chunks.newest_points(db, series_id=series_id, limit=10).columns()]
+    return seen
+
+
+def assert_samples_convert_in_place_and_back(url: str, tmp_path: Path) -> None:
+    """A store whose samples were kept as floats (before 0021) gets them coded as samples, more chunks than a page
+    of the migration's, each exactly as ingest now writes it, every reader returning what it did; and back."""
+    before = ScriptDirectory.from_config(alembic_config(url)).get_revision(SAMPLES_REVISION).down_revision
+    assert isinstance(before, str)
+    upgrade(alembic_config(url), before)
+    sent = sample_points(random.Random(19), 64 * 2100)
+    engine = make_engine(url)
+    with Session(engine) as db, db.begin():
+        run_id = db.scalar(text(
+            "INSERT INTO runs (name, status, status_reason, created_at, workload, nproc_per_node, epoch, step,"
+            " total_steps, samples_per_s, trainer_finished)"
+            " VALUES ('old', 'succeeded', '', '2026-01-01 00:00:00', 'mlp', 2, 0, 0, 0, 0, false) RETURNING id"
+        ))  # fmt: skip
+        ids = metric_store.series_ids(db, run_id=run_id, keys=sent)
+        columns = {(ids[key], rank): chunks.Column.of(*points) for key, points in sent.items() for rank in (0, 1)}
+        chart_store.refresh_tiers(db, chunks.write(db, columns))  # as ingest wrote them before 0021: floats
+        was, seen = chunk_rows(db), what_readers_return(db, ids)
+    upgrade(alembic_config(url), "head")
+    with Session(engine) as db:
+        now = chunk_rows(db)
+        assert what_readers_return(db, ids) == seen
+    converted = {row for row, (_n, data) in now.items() if data[0] == chunks.SAMPLES}
+    with_nan = {row for row, (n, data) in now.items() if np.isnan(chunks.decode(data, n).values).any()}
+    kept = {row for row in now if row[0] in ("gpu/node-a/0/odd", "epoch")} | with_nan
+    assert len(with_nan) == 2 and converted == now.keys() - kept and all(now[row] == was[row] for row in kept)
+    for row in converted:  # byte for byte what ingest writes for these points now
+        column = chunks.decode(now[row][1], now[row][0])
+        assert chunks.encode(column.steps, column.values, column.times, samples=True) == now[row][1]
+    assert sum(len(now[row][1]) for row in converted) < 0.75 * sum(len(was[row][1]) for row in converted)
+    downgrade(alembic_config(url), before)
+    with Session(engine) as db:
+        assert chunk_rows(db) == was and what_readers_return(db, ids) == seen
+    engine.dispose()
+
+
+def test_a_populated_store_codes_its_samples_as_samples_in_place_and_back(tmp_path: Path) -> None:
+    assert_samples_convert_in_place_and_back(f"sqlite:///{tmp_path / 'old.db'}", tmp_path)
+
+
+def test_samples_sent_are_stored_as_samples_and_read_back_bit_for_bit(client: TestClient) -> None:
+    """Through the ingest API, two seconds a batch as a sampler's client sends them: every reader over HTTP (points,
+    CSV, charts) answers the values and times sent, bit for bit, and the samples take fewer bytes than floats."""
+    run_id = running_run(client)
+    sent = sample_points(random.Random(7), 300)
+    for first in range(0, 300, 2):
+        part = slice(first, first + 2)
+        columns = [{"key": key, "rank": 0, "steps": steps[part], "values": [wire.encode_value(v) for v in values[part]],
+                    "times": times[part]} for key, (steps, values, times) in sent.items()]  # fmt: skip
+        post(client, run_id, {"columns": columns})
+    for key, (steps, values, times) in sent.items():
+        want = {(key, step, 0): (value, time) for step, value, time in zip(steps, values, times, strict=True)}
+        assert_same(series_points(client, run_id, key), want)
+        csv = client.get(f"/api/runs/{run_id}/metrics/{key}", params={"format": "csv"}).text.splitlines()[1:]
+        assert csv == [
+            f"{s},0,{'NaN' if v != v else repr(v)},{t!r}" for s, v, t in zip(steps, values, times, strict=True)
+        ]
+        by_step = {(step, 0): value for step, value in zip(steps, values, strict=True)}
+        for width in (1000, 40):
+            chart = client.get(f"/api/runs/{run_id}/chart", params={"key": key, "width": width}).json()
+            assert_exact(chart, by_step, width=width, times={(s, 0): t for s, t in zip(steps, times, strict=True)})
+    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+        stored = chunk_rows(db)
+    for key in SAMPLE_KINDS:  # the samples in fewer bytes than as floats, each; a noisy float kept as floats
+        rows = [row for row in stored if row[0] == key]
+        size, floats = sum(len(stored[row][1]) for row in rows), sum(len(as_floats(*stored[row])) for row in rows)
+        assert size == floats if key == "gpu/node-a/0/odd" else size < floats, key
+    kinds = {key: {stored[row][1][0] for row in stored if row[0] == key} for key in SAMPLE_KINDS}
+    assert kinds["gpu/node-a/0/odd"] == {chunks.SHUFFLED} and kinds["gpu/node-a/0/temp"] == {
+        chunks.SHUFFLED,
+        chunks.SAMPLES,
+    }
+    assert all(
+        kinds[key] == {chunks.SAMPLES} for key in SAMPLE_KINDS if key not in ("gpu/node-a/0/odd", "gpu/node-a/0/temp")
+    )

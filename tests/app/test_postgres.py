@@ -21,7 +21,16 @@ from app.main import create_app
 from app.schemas.metrics import BatchIn
 from app.services import metrics
 from app.store import metrics as metric_store
-from tests.app import test_charts, test_db, test_health, test_metrics_csv, test_runs_table, test_supervisor
+from tests.app import (
+    test_charts,
+    test_db,
+    test_health,
+    test_metrics_csv,
+    test_point_chunks,
+    test_queue,
+    test_runs_table,
+    test_supervisor,
+)
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, running_run, series
 from tests.postgres import new_database, postgres_bin, postgres_server
 
@@ -148,6 +157,12 @@ def test_a_populated_postgresql_store_gets_its_tiers_times(admin_dsn: str, tmp_p
     test_charts.assert_the_tier_times_migration_fills_every_bucket(new_database(admin_dsn), tmp_path)
 
 
+def test_a_populated_postgresql_store_codes_its_samples_as_samples_in_place_and_back(
+    admin_dsn: str, tmp_path: Path
+) -> None:
+    test_point_chunks.assert_samples_convert_in_place_and_back(new_database(admin_dsn), tmp_path)
+
+
 def test_a_series_as_csv_holds_exactly_its_json_points_on_postgresql(pg_client: TestClient) -> None:
     test_metrics_csv.assert_csv_holds_the_json_points(pg_client, running_run(pg_client))
 
@@ -178,8 +193,12 @@ def test_batches_into_the_same_chunks_at_once_lose_nothing_on_postgresql(pg_clie
 # The supervisor's statements are built once and take their values at each tick (a LIMIT, an IN of statuses, a time):
 # the same tests on PostgreSQL, each on a database of its own (a tick would start the other test's queued runs).
 def test_a_tick_reads_the_same_live_and_queued_runs_on_postgresql(pg_client: TestClient) -> None:
-    test_supervisor.test_a_tick_reads_the_live_runs_and_of_a_long_queue_only_the_runs_it_may_act_on(pg_client)
+    test_supervisor.test_a_tick_reads_the_live_runs_as_objects_and_this_hosts_queue_only_as_rows(pg_client)
 
 
 def test_the_supervisor_records_not_progressing_and_progressing_again_on_postgresql(pg_client: TestClient) -> None:
     test_health.test_the_supervisor_records_not_progressing_once_and_progressing_again_once(pg_client)
+
+
+def test_fair_share_sums_each_owners_slot_hours_on_postgresql(pg_client: TestClient) -> None:
+    test_queue.usage_within_a_day(pg_client.app.state.sessions)  # type: ignore[attr-defined]
