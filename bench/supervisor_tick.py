@@ -20,6 +20,13 @@ On 2026-11-26 (the same machine, about 3x slower that day), most of a tick turne
 statements (three for the runs to supervise, two for each running run's health), not running them: built once, with
 their values bound at each tick, a tick went from 5.29 to 1.54 ms with no queue, 4.86 to 3.23 ms with 1,000 queued
 and 10.04 to 7.57 ms with 5,000 (runs_to_supervise alone: 1.38 to 0.30 ms, and 9.74 to 4.05 ms at 5,000).
+
+On 2026-11-27 the queue gained priorities, limits and preemption (issue 42): its decision reaches past the head of
+the queue, so a tick reads the whole of it, as plain rows. Both measured in a row (load average 5-6 on 2 cores):
+    queued runs            0          100          1,000          5,000
+    head only (before)  0.42 ms      0.47 ms       0.63 ms        3.10 ms
+    whole queue (now)   0.47 ms      1.00 ms       3.11 ms       17.42 ms   (3.5% of a core at 5,000)
+bench/queue_tick.py measures it with 100 users, their limits and groups.
 """
 
 from __future__ import annotations

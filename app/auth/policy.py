@@ -13,7 +13,7 @@ UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # wait on, and the trainer's ingest, which proves itself with its run's own token (checked by the route).
 PUBLIC = re.compile(r"^/(login|static/.*|api/health|favicon\.ico)$")
 INGEST = re.compile(r"^/api/runs/\d+/(metrics|dumps/\d+)$")  # a rank's dump proves itself the same way
-ADMIN_ONLY = re.compile(r"^(/api)?/(users|tokens|alerts)(/.*)?$")
+ADMIN_ONLY = re.compile(r"^(/api)?/(users|tokens|alerts|queue/limits)(/.*)?$")
 ANY_USER_MAY_POST = frozenset({"/logout"})
 
 Via = Literal["local", "session", "token", "proxy"]
@@ -33,6 +33,13 @@ class Caller:
 
 # With no user configured the server listens on loopback only, and whoever reaches it may do everything, as before.
 LOCAL = Caller("local", Role.admin, "local")
+TOKEN_ACTOR = " (token "  # how an actor's name says a user's token: "ada (token ci)" (app.services.tokens)
+
+
+def owner_of(actor: str) -> str:
+    """The user an actor's name stands for, whose runs and limits its runs count in: "ada (token ci)" is ada; a token
+    made for no user ("token ci") and "local" stand for themselves. User names hold no space (users.NAME)."""
+    return actor.split(TOKEN_ACTOR, 1)[0] if actor.endswith(")") else actor
 
 
 def is_public(method: str, path: str) -> bool:

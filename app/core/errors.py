@@ -145,3 +145,9 @@ class Conflict(RankboardError):
     """The change would clash with what is stored: a user name taken, the last admin removed."""
 
     status_code = 409
+
+
+class LimitNotFound(RankboardError):
+    """No such user limit or group of the queue."""
+
+    status_code = 404

@@ -127,6 +127,18 @@ class Run(Base):
     slurm_constraint: Mapped[str | None] = mapped_column(String(200))
     slurm_requeue: Mapped[bool] = mapped_column(default=False)
     slurm_max_requeues: Mapped[int] = mapped_column(Integer, default=1)
+    slurm_nice: Mapped[int | None] = mapped_column(Integer)  # as the server's mapping of its priority gave it
+
+    # The queue of this host's slots (app.services.scheduling): whom the run counts against (a user's name, not the
+    # actor's words: "ada (token ci)" is ada), and how it goes before others, higher first (app.core.priorities).
+    # `preemptible`: a higher-priority run may ask it to stop, checkpoint and wait again. `preempted_by` is set while
+    # such a stop is under way (its end requeues the run rather than ends it); `preempted_at` keeps when it last was,
+    # so that it is not preempted again within the server's interval.
+    owner: Mapped[str | None] = mapped_column(String(200), index=True)  # fair share sums an owner's runs
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    preemptible: Mapped[bool] = mapped_column(default=True)
+    preempted_by: Mapped[int | None] = mapped_column(Integer)
+    preempted_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
     # A run launched elsewhere (launcher "external"): the job's key that every rank joins by, how many ranks its job
     # has, when any of them last posted, and whether its script takes a stop.
@@ -405,6 +417,44 @@ class User(Base):
     role: Mapped[Role] = mapped_column(ROLE_TYPE)
     password_hash: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+
+
+class UserLimit(Base):
+    """At most how many of this host's slots (GPUs, or CPU process slots) and runs one user holds at once; the user
+    named `*` stands for every user without a limit of their own. None: no such limit."""
+
+    __tablename__ = "user_limits"
+
+    user_name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    max_slots: Mapped[int | None] = mapped_column(Integer)
+    max_runs: Mapped[int | None] = mapped_column(Integer)
+
+
+class UserGroup(Base):
+    """Users who share one limit on this host's slots and runs, all of theirs counted together. Members are named,
+    not linked: a user a proxy names need not be one of this server's users."""
+
+    __tablename__ = "user_groups"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    max_slots: Mapped[int | None] = mapped_column(Integer)
+    max_runs: Mapped[int | None] = mapped_column(Integer)
+
+    members: Mapped[list[GroupMember]] = relationship(
+        order_by="GroupMember.user_name", cascade="all, delete-orphan", passive_deletes=True, lazy="selectin"
+    )
+
+    @property
+    def member_names(self) -> list[str]:
+        return [member.user_name for member in self.members]
+
+
+class GroupMember(Base):
+    __tablename__ = "group_members"
+
+    group_id: Mapped[int] = mapped_column(ForeignKey("user_groups.id", ondelete="CASCADE"), primary_key=True)
+    user_name: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
 
 
 class LoginSession(Base):

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AnyHttpUrl, BaseModel, Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from app.core import cpus
+from app.core import cpus, priorities
 
 DEFAULT_SHARED_DIR = Path("/mnt/shared")
 # A list setting: from the environment, comma-separated (RANKBOARD_ALLOWED_HOSTS=a.example,b.example).
@@ -38,6 +38,59 @@ class Webhook(BaseModel):
     @property
     def host(self) -> str:
         return self.url.host or ""
+
+
+# What sites name partitions, accounts and QoS, and nothing a shell reads (as a run's own Slurm options).
+SlurmName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class SlurmBand(BaseModel):
+    """What the Slurm job of a run at or above a priority is submitted with."""
+
+    qos: SlurmName | None = Field(default=None, description="--qos")
+    nice: int | None = Field(default=None, ge=-2147483645, le=2147483645, description="--nice (below 0: Slurm "
+                             "allows it only to its operators and admins)")  # fmt: skip
+
+
+class SlurmOwner(BaseModel):
+    """What the Slurm jobs of a user's (or a group's) runs are submitted with."""
+
+    account: SlurmName | None = None
+    partition: SlurmName | None = None
+
+
+class SlurmChoice(BaseModel):
+    """The options the mapping gives one run's job; None where it gives none."""
+
+    qos: str | None = None
+    nice: int | None = None
+    account: str | None = None
+    partition: str | None = None
+
+
+class SlurmMapping(BaseModel):
+    """How the queue's priorities and owners map to what Slurm offers. `priority`: by the lowest priority of each
+    band (a name or a number); a run gets the band of the highest key at or below its priority. `owners`: by user
+    name, or `@group`; a user's own entry first, then their groups' by name. A run's own Slurm options win."""
+
+    priority: dict[str, SlurmBand] = Field(default_factory=dict)
+    owners: dict[str, SlurmOwner] = Field(default_factory=dict)
+
+    @field_validator("priority")
+    @classmethod
+    def _priority_keys(cls, bands: dict[str, SlurmBand]) -> dict[str, SlurmBand]:
+        for key in bands:
+            priorities.parse(key)  # ValueError naming what a priority may be
+        return bands
+
+    def choose(self, *, priority: int, owner: str, groups: list[str]) -> SlurmChoice:
+        """The options for a run of this priority whose owner is in these groups."""
+        keyed = sorted((priorities.parse(key), band) for key, band in self.priority.items())
+        band = next((band for low, band in reversed(keyed) if low <= priority), SlurmBand())
+        entries = [self.owners.get(owner), *(self.owners.get(f"@{group}") for group in sorted(groups))]
+        account = next((entry.account for entry in entries if entry and entry.account), None)
+        partition = next((entry.partition for entry in entries if entry and entry.partition), None)
+        return SlurmChoice(qos=band.qos, nice=band.nice, account=account, partition=partition)
 
 
 class Settings(BaseSettings):
@@ -93,6 +146,30 @@ class Settings(BaseSettings):
         "in for several nodes (tests).",
     )
     slurm_poll_s: float = Field(default=2.0, gt=0, description="How often squeue is asked about live Slurm runs.")
+    slurm_mapping: SlurmMapping = Field(
+        default_factory=SlurmMapping,
+        description='Slurm options from a run\'s priority and owner, as JSON: {"priority": {"low": {"qos": '
+        '"scavenger", "nice": 100}, "high": {"qos": "urgent"}}, "owners": {"ada": {"account": "vision"}, "@nlp": '
+        '{"partition": "big"}}}; a run\'s own options win.',
+    )
+    preemption: bool = Field(
+        default=True,
+        description="A queued run may ask lower-priority runs of the built-in trainer on this host to stop (they "
+        "checkpoint) and wait again, to make room for it.",
+    )
+    preempt_interval_s: float = Field(
+        default=600.0, ge=0, description="A run is preempted at most once in this many seconds, so that none thrash."
+    )
+    fair_share: bool = Field(
+        default=False,
+        description="Among queued runs of equal priority, the owner whose runs held the fewest GPU-hours (or CPU "
+        "slot-hours) within fair_share_window_h goes first.",
+    )
+    fair_share_window_h: float = Field(default=168.0, gt=0, description="Fair share's window, in hours.")
+    operator_priority_max: int = Field(
+        default=priorities.NAMES["high"], ge=priorities.LOWEST, le=priorities.HIGHEST,
+        description="The highest priority an operator may give a run; an admin may give any.",
+    )  # fmt: skip
     allowed_hosts: Names = Field(
         default_factory=list,
         description="Host names this server answers to besides 127.0.0.1, localhost and [::1] (and the bind address, "

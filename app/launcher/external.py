@@ -29,6 +29,7 @@ class ExternalLauncher:
     name = "external"
     joins = True
     kills = False
+    host_slots = False
     scheduler = ""
     waits_for = "its processes to join"
     stop_words = "the script stops at its next check"
@@ -91,6 +92,9 @@ class ExternalLauncher:
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         raise LaunchRefused("a run launched elsewhere is started where it was launched")
+
+    def scheduler_options(self, run: Run, *, groups: Sequence[str]) -> dict[str, str | int]:
+        return {}  # never launched from here
 
     def refresh(self, runs: Sequence[Run]) -> None:
         """Nothing to gather: their reports came with their batches."""

@@ -66,6 +66,9 @@ class Launcher(Protocol):
     # in the reply to their next batch, and only their reports say they live (rankboard.report, services.external).
     joins: bool
     kills: bool  # it can end the run's processes: a stop past its grace kills them
+    # Its runs take this host's process slots: they wait in the server's queue, within its limits, by priority, and
+    # may be preempted (app.services.scheduling). Others wait in their scheduler's queue, or in none.
+    host_slots: bool
     scheduler: str  # the scheduler whose job holds the run ("Slurm"), for the page; "" where there is none
     waits_for: str  # what a queued run waits for, as its first event says it
     stop_words: str  # how a stop reaches the run's processes, as its event says it
@@ -123,6 +126,11 @@ class Launcher(Protocol):
     def places(self, run: Run, free: Sequence[int]) -> list[int] | None:
         """The devices of this host a queued run takes from `free` to start now (none: it takes none of this host's);
         None while it does not fit."""
+        ...
+
+    def scheduler_options(self, run: Run, *, groups: Sequence[str]) -> dict[str, str | int]:
+        """What the server's mapping gives the run's job from its priority and owner (in `groups`), as the run's own
+        columns, where the run left them empty: Slurm's QoS, niceness, account and partition; nothing elsewhere."""
         ...
 
     def refresh(self, runs: Sequence[Run]) -> None:

@@ -56,6 +56,7 @@ class LocalLauncher:
     name = "local"
     joins = False
     kills = True
+    host_slots = True
     scheduler = ""
     waits_for = "free process slots"
     stop_words = "finishing the step, saving"
@@ -170,6 +171,9 @@ class LocalLauncher:
         where = f"GPUs {devices}" if self.gpu_count else f"{len(devices)} CPU process slots"
         description = f"torchrun started (pid {child.pid}) on {where}"
         return Launch(launch_id, child.pid, processes.start_ticks(child.pid), command, description)
+
+    def scheduler_options(self, run: Run, *, groups: Sequence[str]) -> dict[str, str | int]:
+        return {}  # the server's own queue is this host's scheduler
 
     def refresh(self, runs: Sequence[Run]) -> None:
         """Nothing to gather: /proc answers each run at once."""

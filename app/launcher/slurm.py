@@ -134,6 +134,7 @@ class JobOptions:
     partition: str | None
     account: str | None
     qos: str | None
+    nice: int | None
     constraint: str | None
     requeue: bool
     grace_s: int  # how long the ranks may take to checkpoint after a stop or the time-limit warning
@@ -146,7 +147,8 @@ class JobOptions:
             cpus_per_task=run.slurm_cpus_per_task, gpus_per_node=run.slurm_gpus_per_node,
             time_limit=run.slurm_time_limit or settings.slurm_time_limit,
             partition=run.slurm_partition or settings.slurm_partition,
-            account=run.slurm_account or settings.slurm_account, qos=run.slurm_qos, constraint=run.slurm_constraint,
+            account=run.slurm_account or settings.slurm_account, qos=run.slurm_qos, nice=run.slurm_nice,
+            constraint=run.slurm_constraint,
             requeue=run.slurm_requeue, grace_s=math.ceil(settings.stop_grace_s),
         )  # fmt: skip
 
@@ -155,7 +157,7 @@ class JobOptions:
         options = {
             "job-name": self.job_name, "nodes": self.nodes, "ntasks-per-node": self.agents_per_node,
             "cpus-per-task": self.cpus_per_task, "time": self.time_limit, "partition": self.partition,
-            "account": self.account, "qos": self.qos, "constraint": self.constraint,
+            "account": self.account, "qos": self.qos, "nice": self.nice, "constraint": self.constraint,
             "gpus-per-node": self.gpus_per_node or None,
         }  # fmt: skip
         lines = [f"#SBATCH --{name}={shlex.quote(str(value))}" for name, value in options.items() if value is not None]
@@ -214,6 +216,7 @@ class SlurmLauncher:
     name = "slurm"
     joins = False
     kills = True
+    host_slots = False
     scheduler = "Slurm"
     waits_for = "submission to Slurm"
     stop_words = "finishing the step, saving"
@@ -292,6 +295,14 @@ class SlurmLauncher:
     def places(self, run: Run, free: Sequence[int]) -> list[int] | None:
         """No device of this host, and at once: Slurm queues it."""
         return []
+
+    def scheduler_options(self, run: Run, *, groups: Sequence[str]) -> dict[str, str | int]:
+        """The server's mapping (settings.slurm_mapping) of the run's priority and owner to QoS, niceness, account and
+        partition, each where the run named none: Slurm's own scheduler then decides, with its own limits."""
+        choice = self.settings.slurm_mapping.choose(priority=run.priority, owner=run.owner or "", groups=list(groups))
+        mapped = {"slurm_qos": choice.qos, "slurm_nice": choice.nice, "slurm_account": choice.account,
+                  "slurm_partition": choice.partition}  # fmt: skip
+        return {column: value for column, value in mapped.items() if value is not None and getattr(run, column) is None}
 
     def start(self, run: Run, *, token: str, devices: list[int]) -> Launch:
         """Writes the job script into the run's folder and submits it with `sbatch --parsable`."""

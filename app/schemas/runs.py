@@ -13,11 +13,13 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    WithJsonSchema,
     create_model,
     model_validator,
 )
 from rankboard import wire
 
+from app.core import priorities
 from app.core.models import Run, RunStatus
 from app.core.request_body import Body
 from app.core.trainer_options import OPTION_NAMES, TrainerOptions
@@ -80,6 +82,22 @@ SlurmConstraint = Annotated[
 ]
 
 
+def _priority(value: object) -> int:
+    if value is None or value == "":  # a form's empty field
+        return priorities.NORMAL
+    if not isinstance(value, int | str):
+        raise ValueError("a priority is low, normal, high or a whole number")
+    return priorities.parse(value)
+
+
+# A run's priority: a name or a number in, a number stored. Its schema says a string, so that the command line's flag
+# (made from this schema) takes `--priority high` as well as `--priority 50`.
+PRIORITY_PATTERN = r"^(low|normal|high|-?[0-9]{1,4})$"
+Priority = Annotated[
+    int, BeforeValidator(_priority), WithJsonSchema({"type": "string", "pattern": PRIORITY_PATTERN, "maxLength": 6})
+]
+
+
 class RunCreate(TrainerOptions):
     """A new run of a built-in workload, or of your own script; the form shows these limits next to each field. The
     trainer's options (TrainerOptions) become the run's config document; a script's run keeps only its arguments."""
@@ -123,6 +141,16 @@ class RunCreate(TrainerOptions):
     slurm_constraint: SlurmConstraint = Field(default=None, description="Slurm: node features required, e.g. a100&ib.")
     slurm_requeue: bool = Field(default=False, description="Slurm: requeue when preempted or out of time.")
     slurm_max_requeues: int = Field(default=1, ge=0, le=100, description="Slurm: requeues allowed at most.")
+    priority: Priority = Field(
+        default=priorities.NORMAL, json_schema_extra={"default": "normal"},
+        description="Its place in the queue: low, normal, high, or a number from -1000 to 1000; higher starts "
+        "first (an operator may give up to the admin's limit).",
+    )  # fmt: skip
+    preemptible: bool = Field(
+        default=True,
+        description="A waiting run of higher priority may ask it to stop (it checkpoints) and wait to resume; never "
+        "a run of your own script.",
+    )
 
     def config(self) -> dict[str, Any]:
         """The run's config document: a script's arguments for a run of the user's script (the trainer's options
@@ -223,6 +251,11 @@ class RunOut(_TrainerOptionsOut):
     slurm_constraint: str | None
     slurm_requeue: bool
     slurm_max_requeues: int
+    slurm_nice: int | None = Field(default=None, description="The niceness its Slurm job was submitted with.")
+    owner: str | None = Field(default=None, description="The user whose limits and fair share the run counts in.")
+    priority: int = Field(default=priorities.NORMAL, description="Its place in the queue: higher starts first.")
+    preemptible: bool = Field(default=True, description="A higher-priority run may stop it to make room; it resumes.")
+    preempted_at: datetime | None = Field(default=None, description="When it was last asked to stop for another.")
     job_id: str | None = Field(description="A Slurm run's job id.")
     job_state: str | None = Field(description="Slurm's state of the job when last looked at (PENDING, RUNNING...).")
     job_reason: str | None = Field(description="Why Slurm keeps the job waiting (Resources, Priority, BeginTime).")

@@ -9,6 +9,8 @@ processes. Each rank's share of it is laid out on a timeline, so the parts add u
 - between one process's last report and the next one's start: restarts (the work lost and the re-launch);
 - the steps a restarted process took again, having been done before the crash: repeated steps, out of its steps;
 - "not progressing" episodes (the health check's events): stalls, out of the steps they overlap;
+- a preemption (a higher-priority run asked it to stop): from its last report to its requeue, and its wait in the
+  queue until the next launch: preempted, the time it lost to the other run;
 - after the last report to the end: stopping and exit; while the run is live, "since the last report".
 
 A rank that sent no ledger (a user's script, a run launched elsewhere: only the built-in trainer keeps one) shows
@@ -33,6 +35,7 @@ from app.core.models import FINAL_STATUSES, Run, RunEvent, RunStatus, utcnow
 from app.launcher.launchers import kind, trains_builtin
 from app.schemas.goodput import Goodput, GoodputPart
 from app.services import health
+from app.services.scheduling import PREEMPTED
 from app.store import goodput as goodput_store
 from app.store import runs as run_store
 
@@ -45,6 +48,7 @@ PART_LABELS = {
     "checkpoint": "checkpoint writes",
     "validation": "validation",
     "restarts": "restarts (lost work, re-launch)",
+    "preempted": "preempted (stopping, waiting to resume)",
     "repeated": "steps repeated after a restart",
     "stalls": "stalls (not progressing)",
     "stopping": "stopping and exit",
@@ -85,6 +89,8 @@ class _Segment:
     launch: float | None
     end: float
     live: bool
+    preempted: bool = False  # it ended because a higher-priority run asked it to stop: its tail is preemption's
+    after_preemption: bool = False  # it began with that requeue: its wait in the queue is preemption's
 
 
 def run_goodput(db: Session, *, run: Run, now: datetime | None = None) -> Goodput:
@@ -125,11 +131,13 @@ def compute(
     stalls = _stalls(events, now=now.timestamp())
     repeated = _repeated_steps(ledgers, reached_before or {})
     seconds: dict[str, float] = defaultdict(float)
-    by_rank: dict[int, list[_Ledger]] = defaultdict(list)
+    # Each process's ledger in the one stretch it ran in: a relaunch soon after a requeue (a preemption, Slurm's)
+    # starts within the skew allowed around the stretch before it, which must not take it.
+    by_stretch: dict[tuple[int, int], list[_Ledger]] = defaultdict(list)
     for ledger in ledgers:
-        by_rank[ledger.rank].append(ledger)
-    laid = [_lay_rank(seconds, segment, by_rank.get(rank, []), stalls, repeated)
-            for rank in range(ranks) for segment in segments]  # fmt: skip
+        by_stretch[ledger.rank, _stretch_of(ledger, segments)].append(ledger)
+    laid = [_lay_rank(seconds, segment, by_stretch.get((rank, index), []), stalls, repeated)
+            for rank in range(ranks) for index, segment in enumerate(segments)]  # fmt: skip
     wall = sum(segment.end - segment.start for segment in segments)
     phases = {name: value for name in STARTUP_PHASES if (value := seconds.pop(name, 0.0)) > 0}
     seconds["startup"] += sum(phases.values())
@@ -190,22 +198,30 @@ def _segments(run: Run, events: list[RunEvent], *, now: float) -> list[_Segment]
     segments: list[_Segment] = []
     start: float | None = None
     launch: float | None = None
+    after = False  # the stretch under way began with a preemption's requeue
     for event in events:
         at = event.at.timestamp()
         if start is None:  # created, resumed (queued), or a first event of another kind: a stretch begins
             start = min(at, run.created_at.timestamp()) if not segments else at
-        if event.status == RunStatus.queued and launch is not None:  # requeued (Slurm): the old processes ended
-            segments.append(_Segment(start, launch, at, live=False))
-            start, launch = at, None
+        if event.status == RunStatus.queued and launch is not None:  # requeued (Slurm, preempted): processes ended
+            preempted = event.reason.startswith(PREEMPTED)
+            segments.append(_Segment(start, launch, at, live=False, preempted=preempted, after_preemption=after))
+            start, launch, after = at, None, preempted
         elif event.status in (RunStatus.starting, RunStatus.running, RunStatus.stopping) and launch is None:
             launch = at
         elif event.status in FINAL_STATUSES:
-            segments.append(_Segment(start, launch, max(at, start), live=False))
-            start, launch = None, None
+            segments.append(_Segment(start, launch, max(at, start), live=False, after_preemption=after))
+            start, launch, after = None, None, False
     if start is not None or not segments:
         begin = start if start is not None else run.created_at.timestamp()
-        segments.append(_Segment(begin, launch, max(now, begin), live=True))
+        segments.append(_Segment(begin, launch, max(now, begin), live=True, after_preemption=after))
     return segments
+
+
+def _stretch_of(ledger: _Ledger, segments: list[_Segment]) -> int:
+    """The stretch a process ran in: the latest launched (within the clocks' skew) before it started."""
+    launched = [i for i, s in enumerate(segments) if s.launch is not None and s.launch - SKEW_S <= ledger.start]
+    return launched[-1] if launched else 0
 
 
 def _stalls(events: list[RunEvent], *, now: float) -> list[tuple[float, float]]:
@@ -250,10 +266,11 @@ def _lay_rank(
 ) -> bool:  # fmt: skip
     """Add one rank's share of one segment to `seconds`: queue, then its processes in order, then the tail. False
     where its processes sent no ledger, so that their time is not itemized."""
+    queue = "preempted" if segment.after_preemption else "queue"
     if segment.launch is None:
-        seconds["queue"] += segment.end - segment.start
+        seconds[queue] += segment.end - segment.start
         return True
-    seconds["queue"] += segment.launch - segment.start
+    seconds[queue] += segment.launch - segment.start
     mine = sorted((lg for lg in ledgers if segment.launch - SKEW_S <= lg.start <= segment.end + SKEW_S),
                   key=lambda lg: lg.start)  # fmt: skip
     if not mine:  # the stalls are the health check's events: known without a ledger
@@ -268,7 +285,8 @@ def _lay_rank(
         seconds["startup_launch" if index == 0 else "restarts"] += begin - cursor
         _lay_ledger(seconds, ledger, begin, end, stalls, repeated.get(ledger.attempt, 0))
         cursor = end
-    seconds["pending" if segment.live else "stopping"] += segment.end - cursor
+    tail = "pending" if segment.live else "preempted" if segment.preempted else "stopping"
+    seconds[tail] += segment.end - cursor
     return True
 
 

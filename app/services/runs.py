@@ -8,9 +8,11 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from app.auth.policy import owner_of
+from app.core import priorities
 from app.core.errors import FieldInvalid, PathNotFound, PathOutsideRoot, RunNotActive, RunNotFound
 from app.core.folders import RunFolders
-from app.core.models import Run, RunStatus, utcnow
+from app.core.models import Role, Run, RunStatus, utcnow
 from app.core.settings import Settings
 from app.launcher.launchers import Launchers, kind
 from app.schemas.runs import RunCreate
@@ -34,9 +36,13 @@ def get_run(db: Session, *, run_id: int) -> Run:
 def create_run(
     db: Session, *, spec: RunCreate, settings: Settings, folders: RunFolders, launchers: Launchers,
     actor: str = "local", sweep_of: int | None = None,  # sweep_of: the run whose scaling sweep this is part of
+    role: Role = Role.admin,  # the caller's: an operator may give a priority up to settings.operator_priority_max
 ) -> Run:  # fmt: skip
-    """Stores a new run in `queued`; the supervisor starts it when its launcher places it (at once for Slurm, which
-    queues it; when its processes fit on this host)."""
+    """Stores a new run in `queued`, its owner's (the user `actor` acts for); the supervisor starts it when the queue
+    lets it (at once for Slurm, which queues it; on this host by priority, within its owner's limits)."""
+    if refusal := priorities.refusal(spec.priority, admin=role == Role.admin,
+                                     operator_max=settings.operator_priority_max):  # fmt: skip
+        raise FieldInvalid("priority", refusal)
     launcher = admission.admit(spec, launchers=launchers)
     with db.begin():
         if spec.init_from:
@@ -46,7 +52,7 @@ def create_run(
             script = checked_script(settings.script_roots, spec.script)
             spec = spec.model_copy(update={"script": script, "workload": SCRIPT_WORKLOAD})
         checkpoints.check_disk_room(db, spec, folders=folders)
-        run = Run(**spec.columns(), config=spec.config(), created_by=actor, sweep_of=sweep_of)
+        run = Run(**spec.columns(), config=spec.config(), created_by=actor, owner=owner_of(actor), sweep_of=sweep_of)
         run.world_size = launcher.world_size(run)
         db.add(run)
         transitions.move(db, run, RunStatus.queued, f"created; waiting for {launcher.waits_for}")
@@ -116,6 +122,9 @@ def stop_run(db: Session, *, run_id: int, launchers: Launchers, actor: str = "lo
             run.stop_requested_at = utcnow()
             transitions.move(db, run, RunStatus.stopping, f"stop requested: {launcher.stop_words}")
             launcher.terminate(run)
+        elif run.preempted_by is not None:  # stopping for a higher-priority run: it ends stopped, not requeued
+            run.preempted_by = None
+            transitions.move(db, run, RunStatus.stopping, "stop requested while preempted: it ends stopped")
         audit.record(db, actor=actor, action="stopped", run_id=run.id)
     return run
 

@@ -48,25 +48,28 @@ def runs_with_status(db: Session, statuses: Iterable[RunStatus]) -> Sequence[Run
 # it anew at each of two ticks a second was three quarters of its cost (bench/supervisor_tick.py).
 _QUEUED = Run.status == RunStatus.queued
 _ALERTED = select(Alert.run_id).where(Alert.cleared_at.is_(None), Alert.run_id.is_not(None))
-_QUEUE_HEAD = select(Run.id).where(_QUEUED, Run.launcher == bindparam("local")).order_by(Run.id)
 _TO_SUPERVISE = (
     select(Run)
     .where(
         or_(
             Run.status.in_(bindparam("active", expanding=True)),
-            and_(_QUEUED, or_(Run.launcher != bindparam("local"), Run.job_id.is_not(None), Run.id.in_(_ALERTED))),
-            Run.id.in_(_QUEUE_HEAD.limit(bindparam("head"))),
+            and_(
+                _QUEUED,
+                or_(Run.launcher.not_in(bindparam("host", expanding=True)), Run.job_id.is_not(None),
+                    Run.id.in_(_ALERTED)),
+            ),
         )
     )
     .order_by(Run.id)
-)
+)  # fmt: skip
 
 
-def runs_to_supervise(db: Session, *, active: Iterable[RunStatus], local: str, head: int) -> list[Run]:
+def runs_to_supervise(db: Session, *, active: Iterable[RunStatus], host: Sequence[str]) -> list[Run]:
     """The runs in `active` statuses, and of the queued runs those a supervisor's tick may act on, oldest first:
-    those not launched here (Slurm's, whose job waits in Slurm's queue or is still to be submitted), the first `head`
-    of this host's queue (no more can start at once), and those with an alert still open (a resumed run clears it).
+    those not launched by the `host` launchers (Slurm's, whose job waits in Slurm's queue or is still to be
+    submitted), and those with an alert still open (a resumed run clears it).
 
-    The rest of a long queue is not read: loading it at every tick took ~0.05 ms a run, 11% of a core for 1,000
-    queued runs, from training on the same node (bench/supervisor_tick.py)."""
-    return list(db.scalars(_TO_SUPERVISE, {"active": list(active), "local": local, "head": head}))
+    This host's queue is not read as objects: loading it at every tick took ~0.05 ms a run, 11% of a core for 1,000
+    queued runs, from training on the same node (bench/supervisor_tick.py). The queue's decision reads it as rows
+    (app.store.queue.waiting), and loads only the runs it starts."""
+    return list(db.scalars(_TO_SUPERVISE, {"active": list(active), "host": list(host)}))

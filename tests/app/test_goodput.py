@@ -105,3 +105,18 @@ def test_a_summary_figures_goodput_over_its_itemized_runs_only() -> None:
     both = goodput.combine([trained, silent])
     assert trained.goodput == pytest.approx(0.8) and both.goodput == pytest.approx(0.8)
     assert not both.itemized and both.total_s == pytest.approx(200)  # the whole still counts every run's time
+
+
+def test_a_preempted_run_counts_the_time_from_its_stop_to_its_resume_as_preempted() -> None:
+    run = Run(id=4, name="preempted", created_at=T0, nproc_per_node=1, launcher="local", slurm_nodes=1)
+    events = [
+        event(0, RunStatus.queued), event(0, RunStatus.starting), event(1, RunStatus.running),
+        event(100, RunStatus.stopping, "preempted by run 9 (priority high): finishing the step, saving"),
+        event(104, RunStatus.queued, "preempted by run 9: back in the queue at priority low; resumes from step-50.pt"),
+        event(160, RunStatus.starting), event(300, RunStatus.succeeded),
+    ]  # fmt: skip
+    # The checkpoint at the stop keeps every step: the second process takes none again.
+    ledgers = [ledger("a.0", 0, 102, (0, 50), step=100, checkpoint=2), ledger("b.0", 160, 300, (50, 120), step=140)]
+    parts = {p.name: p.seconds for p in goodput.compute(run, events, ledgers, now=at(400)).parts}
+    assert parts == pytest.approx({"training": 100 + 140, "checkpoint": 2, "preempted": (104 - 102) + (160 - 104)})
+    assert goodput.PART_LABELS["preempted"] == "preempted (stopping, waiting to resume)"

@@ -15,13 +15,14 @@ from app.core.models import Run, RunEvent, RunStatus, utcnow
 from app.services.lifecycle import transitions
 from tests.app.conftest import post
 
-# The rule book, as a person reads it: from each status (or a run being made), where a run may go.
+# The rule book, as a person reads it: from each status (or a run being made), where a run may go. A stopping run
+# goes back to the queue when it stopped for a higher-priority run (preempted, to resume).
 ALLOWED = """
     new       -> queued starting
     queued    -> queued starting running stopping succeeded failed stopped lost
     starting  -> queued starting running stopping succeeded failed stopped lost
     running   -> queued running stopping succeeded failed stopped lost
-    stopping  -> stopping succeeded failed stopped lost
+    stopping  -> queued stopping succeeded failed stopped lost
     succeeded -> queued
     failed    -> queued
     stopped   -> queued

@@ -14,7 +14,7 @@ from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus
 from app.core.settings import Settings
 from app.launcher.interface import JobView
-from app.launcher.slurm import JobOptions, describe, ending, job_name, job_script, parse_squeue
+from app.launcher.slurm import JobOptions, SlurmLauncher, describe, ending, job_name, job_script, parse_squeue
 from app.main import create_app
 from app.services.lifecycle.tick import final_status
 
@@ -187,3 +187,46 @@ def test_each_agent_writes_its_ranks_logs_into_a_folder_of_its_own(tmp_path: Pat
     without = subprocess.run(["bash", "-c", agent, str(python)], env={"SLURM_PROCID": "1", "PATH": os.environ["PATH"]},
                              capture_output=True, text=True, timeout=30)  # fmt: skip
     assert without.returncode != 0 and wire.ENV_RUN_DIR in without.stderr  # never a folder at the root of the disk
+
+
+MAPPING = {
+    "priority": {"low": {"qos": "scavenger", "nice": 1000}, "0": {"qos": "normal"},
+                 "high": {"qos": "urgent", "nice": 0}},
+    "owners": {"ada": {"account": "ada-lab"}, "@vision": {"account": "vision", "partition": "gpu"},
+               "@nlp": {"partition": "big"}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("priority", "owner", "groups", "chosen"), [
+    (-100, "cy", [], {"qos": "scavenger", "nice": 1000}),
+    (-500, "cy", [], {}),  # below every band: nothing from the priority
+    (5, "bo", ["vision"], {"qos": "normal", "account": "vision", "partition": "gpu"}),
+    (100, "ada", ["vision", "nlp"], {"qos": "urgent", "nice": 0, "account": "ada-lab", "partition": "big"}),
+])  # fmt: skip
+def test_the_mapping_gives_a_job_its_priority_band_and_its_owners_or_groups_options(
+    priority: int, owner: str, groups: list[str], chosen: dict[str, object]
+) -> None:
+    mapping = Settings.model_validate({"slurm_mapping": MAPPING}).slurm_mapping
+    found = mapping.choose(priority=priority, owner=owner, groups=groups).model_dump(exclude_none=True)
+    assert found == chosen
+
+
+def test_the_mapped_options_fill_only_what_the_run_left_empty_and_reach_the_job_as_directives(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, slurm_mapping=MAPPING, slurm_account="server-default")
+    launcher = SlurmLauncher(settings, RunFolders(tmp_path))
+    run = hostile_run(tmp_path)  # its own partition (debug) and QoS (high)
+    run.priority, run.owner = -100, "bo"
+    mapped = launcher.scheduler_options(run, groups=["vision"])
+    assert mapped == {"slurm_nice": 1000, "slurm_account": "vision"}
+    for column, value in mapped.items():
+        setattr(run, column, value)
+    script = job_script(run, options=JobOptions.of(run, settings), folders=RunFolders(tmp_path))
+    directives = [line.split()[1] for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert {"--partition=debug", "--account=vision", "--qos=high", "--nice=1000"} <= set(directives)
+
+
+def test_a_mapping_with_a_priority_that_is_none_is_refused_at_start() -> None:
+    with pytest.raises(ValueError, match="'urgent' is no priority"):
+        Settings.model_validate({"slurm_mapping": {"priority": {"urgent": {"qos": "x"}}}})
+    with pytest.raises(ValueError, match=r"slurm_mapping\.owners\.ada\.account"):
+        Settings.model_validate({"slurm_mapping": {"owners": {"ada": {"account": "a; rm -rf /"}}}})

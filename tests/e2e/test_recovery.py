@@ -112,3 +112,35 @@ def test_a_stopped_run_resumes_as_the_same_run_and_ends_with_the_same_weights(
         again = api.post(f"/api/runs/{run['id']}/resume")  # a finished run has nothing to resume
         assert again.status_code == 409 and "succeeded" in again.json()["detail"]
     assert_bitwise_equal(final_weights(server, done), reference)
+
+
+def test_a_preempted_run_checkpoints_waits_resumes_and_ends_with_the_same_weights(
+    server: LiveServer, reference: dict[str, torch.Tensor]
+) -> None:
+    """A high-priority run that needs the slots a low one holds asks it to stop: it checkpoints, waits in the queue
+    at its priority, resumes once the high one is done, and ends bitwise equal to the run never interrupted."""
+    with server.api() as api:
+        low = create(api, name="preempted", priority="low", **OPTIONS)
+        reach_step(api, low["id"], 150)
+        high = create(api, name="urgent", priority="high", workload="mlp", epochs=1, batch_size=4096)
+        stopped = wait_for(lambda: _event(api, low["id"], "preempted by run"), 60, what="the preemption")
+        assert stopped["status"] == "stopping"
+        assert stopped["reason"] == f"preempted by run {high['id']} (priority high): finishing the step, saving"
+        urgent = wait_status(api, high["id"], FINAL, timeout=180)
+        assert urgent["status"] == "succeeded", urgent["status_reason"]
+        assert any(e["reason"] == f"waiting for run {low['id']} to stop: preempted to make room for it"
+                   for e in urgent["events"])  # fmt: skip
+        done = wait_status(api, low["id"], FINAL, timeout=240)
+        assert done["status"] == "succeeded", (done["status_reason"], output(server, low["id"]))
+        requeued = [e for e in done["events"] if e["status"] == "queued" and e["reason"].startswith("preempted by")]
+        assert len(requeued) == 1 and requeued[0]["reason"].startswith(
+            f"preempted by run {high['id']}: back in the queue at priority low; resumes from step-"
+        )
+        assert_every_step_once(api, low["id"])
+        parts = {p["name"]: p["seconds"] for p in api.get(f"/api/runs/{low['id']}/goodput").json()["parts"]}
+        assert parts["preempted"] > 0
+    assert_bitwise_equal(final_weights(server, done), reference)
+
+
+def _event(api: httpx.Client, run_id: int, begins: str) -> dict[str, Any] | None:
+    return next((e for e in api.get(f"/api/runs/{run_id}").json()["events"] if e["reason"].startswith(begins)), None)

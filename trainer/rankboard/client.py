@@ -103,6 +103,35 @@ class Client:
         """Resumes a stopped, failed or lost run from its newest snapshot, as the same run."""
         return self._json("POST", f"/api/runs/{run_id}/resume")
 
+    def queue(self) -> Record:
+        """This host's queue in order: each run's priority, owner, what it waits for, when it may start."""
+        return self._json("GET", "/api/queue")
+
+    def set_priority(self, run_id: int, priority: int | str) -> Record:
+        """A queued run's new priority: low, normal, high or a number (an operator up to the admin's limit)."""
+        return self._json("POST", f"/api/runs/{run_id}/priority", body={"priority": priority})
+
+    def limits(self) -> Record:
+        """The limits of users and groups (an admin's)."""
+        return self._json("GET", "/api/queue/limits")
+
+    def set_limit(self, user: str, *, max_slots: int | None = None, max_runs: int | None = None) -> Record:
+        """A user's limit of GPUs (or CPU slots) and runs at once; `*`: every user without one of their own."""
+        body = {"max_slots": max_slots, "max_runs": max_runs}
+        return self._json("PUT", f"/api/queue/limits/users/{urllib.parse.quote(user, safe='')}", body=body)
+
+    def remove_limit(self, user: str) -> Record:
+        return self._json("DELETE", f"/api/queue/limits/users/{urllib.parse.quote(user, safe='')}")
+
+    def save_group(self, name: str, *, members: Sequence[str], max_slots: int | None = None,
+                   max_runs: int | None = None) -> Record:  # fmt: skip
+        """Makes a group of users, or replaces its members and its limit (all of theirs counted together)."""
+        body = {"members": list(members), "max_slots": max_slots, "max_runs": max_runs}
+        return self._json("PUT", f"/api/queue/limits/groups/{urllib.parse.quote(name, safe='')}", body=body)
+
+    def remove_group(self, name: str) -> Record:
+        return self._json("DELETE", f"/api/queue/limits/groups/{urllib.parse.quote(name, safe='')}")
+
     def wait(
         self,
         run_id: int,

@@ -8,13 +8,15 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from app.core import priorities
 from app.core.folders import RunFolders
 from app.core.models import Run, RunStatus, utcnow
 from app.launcher.interface import JobView, Launcher
 from app.launcher.launchers import Launchers
-from app.services import admission, alerts, files, health, logs, metrics
+from app.services import admission, alerts, checkpoints, files, health, logs, metrics, queue
 from app.services.lifecycle import transitions
 from app.services.runs import SCRIPT_WORKLOAD
+from app.services.scheduling import PREEMPTED
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 
@@ -35,9 +37,7 @@ def supervise(
     progressing (or move again), raise the alerts of what changed (queued: sent after this commits), start what
     fits."""
     with db.begin():
-        watched = run_store.runs_to_supervise(
-            db, active=ACTIVE, local=launchers.local.name, head=len(launchers.local.slots)
-        )
+        watched = run_store.runs_to_supervise(db, active=ACTIVE, host=queue.host_launchers(launchers))
         active = [run for run in watched if run.status in ACTIVE or run.job_id]
         for each in launchers.watching():
             each.refresh([run for run in active if run.launcher == each.name])
@@ -49,7 +49,9 @@ def supervise(
             _check_active(db, run, launcher=launcher, folders=folders, grace=grace)
             _note_processes_up(db, run, folders=folders)
             health.record(db, run, now=utcnow(), stall_after=stall_after)  # only a run still running, so alive
-        admission.start_queued(db, watched=watched, launchers=launchers, active=ACTIVE)
+        # The server's settings, as its launchers were made with: the queue's limits, preemption and fair share.
+        admission.start_queued(db, watched=watched, launchers=launchers, active=ACTIVE,
+                               settings=launchers.local.settings)  # fmt: skip
         if alert_rules is not None:  # queued runs too: one Slurm refused fails here, one resumed clears its alert
             alerts.check(db, runs=watched, rules=alert_rules, now=utcnow())
 
@@ -78,11 +80,11 @@ def _check_active(db: Session, run: Run, *, launcher: Launcher, folders: RunFold
     exit_code = launcher.exit_code(run)
     if exit_code is not None:
         if not _requeued(db, run, launcher=launcher, folders=folders):
-            _finish(db, run, launcher=launcher, folders=folders, exit_code=exit_code)
+            _end(db, run, launcher=launcher, folders=folders, exit_code=exit_code)
     elif not launcher.is_alive(run):
         # The waiter itself is gone without recording an exit (killed after a stop, or by someone else), or the
         # processes of a run launched elsewhere fell silent.
-        _finish(db, run, launcher=launcher, folders=folders, exit_code=None)
+        _end(db, run, launcher=launcher, folders=folders, exit_code=None)
     elif launcher.kills and run.stop_requested_at is not None and utcnow() - run.stop_requested_at > grace:
         killed = launcher.kill(run)
         transitions.move(db, run, RunStatus.stopping, f"grace period over: killed {killed} processes")
@@ -132,6 +134,34 @@ def _record_restarts(db: Session, run: Run, *, launcher: Launcher) -> None:
         run.restarts += 1
         reason = f"restart {run.restarts} of {run.max_restarts}: {failure}; the workers resume from the newest snapshot"
         transitions.move(db, run, run.status, reason)
+
+
+def _end(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders, exit_code: int | None) -> None:
+    """A run whose processes ended: back to the queue when they stopped for a higher-priority run (unless training
+    finished meanwhile), else finished."""
+    if run.preempted_by is not None and not folders.trainer_finished(run):
+        _requeue_preempted(db, run, launcher=launcher, folders=folders, exit_code=exit_code)
+    else:
+        _finish(db, run, launcher=launcher, folders=folders, exit_code=exit_code)
+
+
+def _requeue_preempted(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders,
+                       exit_code: int | None) -> None:  # fmt: skip
+    """The preempted run waits in the queue again at its priority, to resume from the checkpoint it wrote at its
+    stop, as a resumed run does (services.runs.resume_run), as the same run."""
+    launcher.kill(run)  # whatever torchrun left behind
+    recovered = metrics.ingest_leftover_spools(db, run_id=run.id, run_dir=folders.run_dir(run))
+    snapshot = checkpoints.newest_checkpoint(folders.checkpoint_dir(run))
+    by = run.preempted_by
+    run.exit_code = run.stop_requested_at = run.preempted_by = run.devices = None
+    run.token_hash = run.pid = run.pid_start_ticks = run.launch_id = None
+    run.restarts = 0
+    killed = "; its processes did not end within the grace period and were killed" if exit_code is None else ""
+    where = f"resumes from {snapshot}" if snapshot else "starts again: it had saved no checkpoint"
+    reason = f"{PREEMPTED} {by}: back in the queue at priority {priorities.name(run.priority)}; {where}{killed}"
+    if recovered:
+        reason += f"; {recovered} points the trainer could not send were recovered from its spool"
+    transitions.move(db, run, RunStatus.queued, reason)
 
 
 def _finish(db: Session, run: Run, *, launcher: Launcher, folders: RunFolders, exit_code: int | None) -> None:

@@ -27,7 +27,8 @@ TRANSITIONS: Mapping[RunStatus | None, frozenset[RunStatus]] = {
     # Live: its job back in its scheduler's queue (waiting again, requeued), or on to a later live status, or ended.
     RunStatus.starting: frozenset({RunStatus.queued, *LIVE, *FINAL_STATUSES}),
     RunStatus.running: frozenset({RunStatus.queued, RunStatus.running, RunStatus.stopping, *FINAL_STATUSES}),
-    RunStatus.stopping: frozenset({RunStatus.stopping, *FINAL_STATUSES}),
+    # Stopping: ended, or back in the queue when it stopped for a higher-priority run (preempted, to resume).
+    RunStatus.stopping: frozenset({RunStatus.queued, RunStatus.stopping, *FINAL_STATUSES}),
     **{final: frozenset({RunStatus.queued}) for final in FINAL_STATUSES},  # resumed or requeued
 }
 

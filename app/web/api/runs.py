@@ -65,7 +65,8 @@ def create_run(
     launchers: LaunchersDep,
     caller: CallerDep,
 ) -> Run:
-    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=caller.name)
+    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=caller.name,
+                           role=caller.role)
 
 
 @router.post("/external", response_model=JoinOut, responses={**documented(FieldInvalid), **UNREADABLE_BODY},
