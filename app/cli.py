@@ -30,6 +30,18 @@ def main(argv: list[str] | None = None) -> int:
         from rankboard import cli as runs_cli
 
         return runs_cli.main(argv[1:])
+    if argv[:1] == ["import"]:
+        from rankboard import cli as runs_cli
+
+        return runs_cli.import_main(argv[1:])
+    if argv[:1] == ["queue"]:
+        from rankboard import cli as runs_cli
+
+        return runs_cli.queue_main(argv[1:])
+    if argv[:1] == ["sync"]:
+        from rankboard import cli as runs_cli
+
+        return runs_cli.sync_main(argv[1:])
     args = parser().parse_args(argv)
     from pydantic import ValidationError
 
@@ -71,6 +83,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port (default 8000, or RANKBOARD_PORT)")
     commands.add_parser("runs", help="runs on a server, over its API: list, start, get, stop, resume, logs, metrics, "
                         "checkpoints, download (`rankboard runs -h`)")  # fmt: skip
+    commands.add_parser("import", help="runs from TensorBoard, MLflow or W&B into a server, over its API "
+                        "(`rankboard import -h`)")  # fmt: skip
+    commands.add_parser("sync", help="runs kept in folders (RANKBOARD_MODE=offline, or a server that was away) into "
+                        "a server, over its API (`rankboard sync -h`)")  # fmt: skip
+    commands.add_parser("queue", help="the queue over a server's API: its order, a run's priority, the limits of "
+                        "users and groups (`rankboard queue -h`)")  # fmt: skip
     db = commands.add_parser("db", help="database schema")
     db.add_argument("action", choices=["upgrade"], help="upgrade: bring the schema to the newest version")
     users = commands.add_parser("users", help="who may log in (the first user turns authentication on)")
@@ -195,8 +213,9 @@ def serve_app(settings: Settings) -> int:
     # the guard believes X-Forwarded-User only from the proxy's own address (RANKBOARD_TRUSTED_PROXY).
     # A stopping server gives requests under way SHUTDOWN_GRACE_S, then cuts what is left: a page's stream lasts as
     # long as the page is open, and uvicorn would otherwise wait for it, not stopping at all. The pages reconnect.
+    # No websocket route (the pages stream by server-sent events): ws="none" keeps its library out of an idle server.
     uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info", proxy_headers=False,
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, log_config=access_log.log_config())  # fmt: skip
+                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, log_config=access_log.log_config(), ws="none")  # fmt: skip
     return 0
 
 

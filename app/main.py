@@ -35,7 +35,7 @@ from app.services.metrics import IngestCounters
 from app.web.api import alerts as alerts_api
 from app.web.api import charts as charts_api
 from app.web.api import comm as comm_api
-from app.web.api import exposition as exposition_api
+from app.web.api import export as export_api
 from app.web.api import files as files_api
 from app.web.api import forensics as forensics_api
 from app.web.api import goodput as goodput_api
@@ -43,6 +43,7 @@ from app.web.api import guarded, with_security
 from app.web.api import host as host_api
 from app.web.api import mfu as mfu_api
 from app.web.api import preflight as preflight_api
+from app.web.api import queue as queue_api
 from app.web.api import runs as runs_api
 from app.web.api import runs_table as runs_table_api
 from app.web.api import server as server_api
@@ -51,10 +52,12 @@ from app.web.api import users as users_api
 from app.web.guard import AuthSwitch, Guard
 from app.web.pages import alerts as alerts_pages
 from app.web.pages import docs as docs_pages
+from app.web.pages import export as export_pages
 from app.web.pages import files as files_pages
 from app.web.pages import forensics as forensics_pages
 from app.web.pages import host as host_pages
 from app.web.pages import logs as logs_pages
+from app.web.pages import queue as queue_pages
 from app.web.pages import runs as runs_pages
 from app.web.pages import runs_table as runs_table_pages
 from app.web.pages import sweeps as sweeps_pages
@@ -135,15 +138,17 @@ def _include_routes(app: FastAPI, *, prometheus: bool) -> None:
     """The API's routers and the pages', each by its subject; the API documents what the guard may answer first."""
     app.include_router(server_api.router)
     for subject in (host_api, runs_api, runs_table_api, forensics_api, goodput_api, comm_api, preflight_api, mfu_api,
-                    sweeps_api, charts_api, files_api):  # fmt: skip
+                    sweeps_api, charts_api, files_api, export_api, queue_api):  # fmt: skip
         app.include_router(subject.router, responses=guarded())
     app.include_router(logs_pages.router, responses=guarded())  # the run page's log panel and the logs API
     app.include_router(users_api.router, responses=guarded())
     app.include_router(alerts_api.router, responses=guarded())
-    if prometheus:
+    if prometheus:  # imported only then: prometheus_client is a tenth of an idle server's memory (issue 43)
+        from app.web.api import exposition as exposition_api
+
         app.include_router(exposition_api.router, responses=guarded())
     for pages in (users_pages, alerts_pages, runs_table_pages, runs_pages, forensics_pages, sweeps_pages, host_pages,
-                  files_pages, docs_pages):  # fmt: skip
+                  files_pages, docs_pages, export_pages, queue_pages):  # fmt: skip
         app.include_router(pages.router)
 
 

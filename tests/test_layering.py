@@ -50,7 +50,16 @@ def test_the_client_never_imports_the_built_in_program_and_needs_only_the_standa
     optional = {"pynvml", "psutil", "pandas"}
     for name, imported in imported_modules("trainer").items():
         if name.startswith(CLIENT):
-            assert roots(imported) - set(sys.stdlib_module_names) - optional - {"rankboard"} == set(), name
+            allowed = optional | EXTRAS.get(name.removeprefix(CLIENT).split("/")[0], set())
+            assert roots(imported) - set(sys.stdlib_module_names) - allowed - {"rankboard"} == set(), name
+
+
+# The client's subpackages that stand on another library, each installed by an extra (`pip install rankboard[...]`)
+# and imported only by who uses it: `import rankboard` needs none of them.
+EXTRAS = {
+    "importers": {"tensorboard", "mlflow", "wandb"},
+    "integrations": {"torch", "lightning", "transformers", "accelerate"},
+}
 
 
 def test_the_built_in_program_reports_through_the_client_like_any_script() -> None:

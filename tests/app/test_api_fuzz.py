@@ -6,6 +6,7 @@ seeded with runs in several states, their metrics, a checkpoint and logs, so tha
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -154,6 +155,9 @@ def body_with(path: tuple, literal: str) -> str:
     return json.dumps(value).replace('"__LITERAL__"', literal)
 
 
+FILLED = {"{run_id}": "1", "{request}": "1", "{user}": "ada", "{group}": "vision"}  # a path's parameters
+
+
 def operations_with_bodies(document: dict) -> Iterator[tuple[str, str, dict, Callable[[str], dict]]]:
     """(method, path, body schema, $ref resolver) of every operation that takes a JSON body."""
     for path, operations in document["paths"].items():
@@ -166,7 +170,8 @@ def operations_with_bodies(document: dict) -> Iterator[tuple[str, str, dict, Cal
                 root = document["components"]["schemas"] if ref.startswith("#/components") else schema["$defs"]
                 return root[ref.rpartition("/")[2]]
 
-            yield method, path.replace("{run_id}", "1").replace("{request}", "1"), schema, resolve
+            url = functools.reduce(lambda url, name: url.replace(name, FILLED[name]), FILLED, path)
+            yield method, url, schema, resolve
 
 
 def test_every_number_and_boolean_of_every_body_refuses_non_finite_values_and_wrong_types(client: TestClient) -> None:

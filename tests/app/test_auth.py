@@ -101,7 +101,7 @@ def routes(app: FastAPI) -> list[tuple[str, str]]:
 
 def url(path: str, run_id: int) -> str:
     fill = {"run_id": run_id, "key": "loss", "name": "step-00000001.pt", "rank": "0", "stream": "stdout",
-            "user": "nobody", "token_id": 99999, "request": 1}  # fmt: skip
+            "user": "nobody", "group": "nobody", "token_id": 99999, "request": 1, "table": "points"}  # fmt: skip
     return path.format(**fill)
 
 
@@ -153,7 +153,7 @@ def test_every_change_is_refused_to_a_viewer_and_every_read_allowed(guarded: Gua
     for method, path in routes(guarded.app):
         if (method, path) in PUBLIC or path == "/logout":
             continue
-        admin_only = re.match(r"^(/api)?/(users|tokens|alerts)", path) is not None
+        admin_only = re.match(r"^(/api)?/(users|tokens|alerts|queue/limits)", path) is not None
         answer = send(viewer, method, url(path, guarded.run_id))
         if method in UNSAFE or admin_only:
             assert answer.status_code == 403, (method, path, answer.status_code)
@@ -174,7 +174,7 @@ def test_an_operator_may_change_runs_but_not_users_or_tokens(guarded: Guarded) -
         if method not in UNSAFE or (method, path) in PUBLIC or path == "/logout":
             continue
         answer = send(operator, method, url(path, 99999))  # no such run: a 404 once the guard let it through
-        if re.match(r"^(/api)?/(users|tokens|alerts)", path):
+        if re.match(r"^(/api)?/(users|tokens|alerts|queue/limits)", path):
             assert answer.status_code == 403, (method, path)
         else:
             assert answer.status_code not in (401, 403), (method, path, answer.status_code, answer.text[:200])

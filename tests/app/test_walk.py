@@ -39,6 +39,7 @@ from tests.run_states import (
 )
 
 HISTORY = 1000
+BAD_FILTER = "loss <"  # a condition without its value: said at the box, not an error page
 PAGE_SIZE = 25  # app.web.pages.runs.PAGE_SIZE, as the user counts rows
 HX = {"HX-Request": "true"}
 
@@ -122,6 +123,7 @@ FILL: dict[str, Fill] = {
     "path": lambda store, run: store.checkpoint_path,
     # /compare's runs: the walk's variants name 2 to 10 of them; with fewer in the store, a 422 saying how many.
     "run": lambda store, run: str(store.runs[0][0]) if len(store.runs) >= 2 else None,
+    "table": lambda store, run: "points",  # /api/export/{table}: `runs` is the zip's other half
 }
 MISSING = {"key": "rank/step_ms", "name": wire.checkpoint_name(40), "rank": "1", "stream": "stderr",
            "path": "checkpoints/run-1/step-00000040.pt", "run": "1"}  # fmt: skip
@@ -166,15 +168,18 @@ def run_page(answer: Answer) -> None:
         assert ('id="loss-box"' in answer.text) == (run.state not in UNSTARTED)
         return
     shows_run(answer)
-    assert (
-        f'sse-connect="/runs/{run.id}/stream?after=' in answer.text and f'hx-get="/runs/{run.id}/logs"' in answer.text
-    )
+    assert f'sse-connect="/runs/{run.id}/stream?parts=fragments"' in answer.text  # status, files, forensics
+    assert f'data-stream="/runs/{run.id}/stream?parts=points&amp;after=' in answer.text  # the charts' points
+    # One logs panel, fetched once the page is up (none of a run launched elsewhere: its output is where it ran);
+    # no second copy of each rank's output.
+    assert (f'hx-get="/runs/{run.id}/logs"' in answer.text) == (run.state != ELSEWHERE)
+    assert 'id="rank-output"' not in answer.text and "Output of each rank" not in answer.text
     if run.state not in UNSTARTED:
         assert 'id="step-time-box"' in answer.text and 'id="gpu-util-box"' in answer.text
     fits_the_run(answer)
+    in_order(answer)
     if run.has_logs and run.state not in UNSTARTED:
         assert f"<code>{run.checkpoint}</code>" in answer.text
-        assert "[rank 1] step 40 loss 0.0500" in answer.text  # each rank's output
     if run.state == ELSEWHERE:  # what its job said of itself, and where its output is
         assert "<code>torchrun:walk-job</code>, 2 ranks" in answer.text and "<code>llama-7b</code>" in answer.text
         assert "its output is where its job runs" in answer.text
@@ -190,13 +195,22 @@ def run_page(answer: Answer) -> None:
         assert "Resume from step 40" in answer.text
     # The explanation sits with the logs, far down: a failed or lost run links to it from its status.
     assert ('<a href="#explain">What went wrong</a>' in answer.text) == (run.state in ("failed", "lost"))
-    assert 'id="run-alerts"' in answer.text and "No alerts sent." in answer.text  # the section, in every state
+    assert 'id="run-alerts"' not in answer.text  # no alert was sent: no Alerts section, no empty table
     dump_on_page(answer)
     assert 'id="goodput"' in answer.text and "<strong>Goodput " in answer.text  # from the moment it is queued
     # None of the walk's runs sent a goodput ledger: once launched, their time is not itemized and has no figure.
     assert ("<strong>Goodput not itemized</strong>" in answer.text) == (run.state not in WAITING)
     if run.live:
         assert ("Stopping…</button>" if run.status == RunStatus.stopping else "Stop</button>") in answer.text
+
+
+def in_order(answer: Answer) -> None:
+    """The page in the order a user reads it: status and progress, charts, checkpoints, logs, forensic panels."""
+    text = answer.text
+    parts = ['id="run-status"', 'id="progress"' if "<progress" in text else 'id="step"', 'id="charts"',
+             'id="run-files"', 'id="logs"', 'id="run-forensics"']  # fmt: skip
+    at = [text.index(part) for part in parts]
+    assert at == sorted(at), (answer.seeded.state, parts)
 
 
 def fits_the_run(answer: Answer) -> None:
@@ -223,8 +237,10 @@ def fits_the_run(answer: Answer) -> None:
 def logs_panel(answer: Answer) -> None:
     run = answer.seeded
     assert "<html" not in answer.text and 'id="log-lines"' in answer.text and ">rank 1</option>" in answer.text
-    if run.state == "failed":
+    if run.state == "failed":  # opened on the log of the rank that failed, where the error is
         assert "What went wrong" in answer.text and "loss is NaN at step 40" in answer.text
+        assert '<option value="1" selected>rank 1</option>' in answer.text
+        assert '<option value="stderr" selected>stderr</option>' in answer.text
 
 
 def first_event(*expected: str) -> Callable[[Answer], None]:
@@ -272,6 +288,13 @@ def not_found(what: str) -> Callable[[Answer], None]:
 
 def runs_list(answer: Answer) -> None:
     """The table of the store's runs: the ones of this page (and status), or what to do when there is none."""
+    if answer.query.get("filter") == BAD_FILTER:  # said at its box, as typed; the table shows the runs without it
+        assert answer.response.status_code == 422 and "<h1>Runs" in answer.text
+        assert 'id="e-filter"' in answer.text and "has no value after &lt;" in answer.text
+        assert 'value="loss &lt;"' in answer.text and 'aria-invalid="true"' in answer.text
+        rows = re.findall(r'<td><a href="/runs/(\d+)">', answer.text)
+        assert [int(row) for row in rows] == [run[0] for run in answer.store.runs[:PAGE_SIZE]]
+        return
     if "filter" in answer.query:  # tests/app/test_runs_table.py checks what a view finds; here, that it shows
         assert answer.response.status_code == 200
         if not answer.store.seeded:
@@ -290,7 +313,7 @@ def runs_list(answer: Answer) -> None:
     for run_id, name, run_status in shown:
         row = answer.text.partition(f'<a href="/runs/{run_id}">')[2].partition("</tr>")[0]
         assert row.startswith(f"{escape(name)}</a>") and f"status-{run_status.value}" in row
-        duration = re.findall(r"<td>(.*?)</td>", row)[-2]
+        duration = re.findall(r'<td class="col-duration">(.*?)</td>', row)[0]
         assert (duration == "–") == (run_status == RunStatus.queued), (name, duration)  # waiting: no time counts
         stalled = name == "walk not progressing"  # the list says which live run stopped moving
         assert ('class="status status-stalled"' in row) == stalled, (name, row)
@@ -306,7 +329,7 @@ def runs_list(answer: Answer) -> None:
 
 
 def compare_page(answer: Answer) -> None:
-    """Each run's name, the options side by side, a chart for each metric they all have."""
+    """Each run's name, the options side by side, a chart for each metric any of them has."""
     if answer.missing:
         assert answer.response.status_code == 422 and "compare 2 to 10 different runs" in answer.text
         return
@@ -315,11 +338,11 @@ def compare_page(answer: Answer) -> None:
     assert all(str(escape(names[run_id])) in answer.text for run_id in compared)
     assert 'id="compare-options"' in answer.text and "<th>lr</th>" in answer.text
     started = [run for run in answer.store.seeded.values() if run.id in compared and run.state not in UNSTARTED]
-    assert ("data-chart=" in answer.text) == (len(started) == len(compared)), answer.text[-2000:]
+    assert ("data-chart=" in answer.text) == bool(started), answer.text[-2000:]
 
 
 def compare_api(answer: Answer) -> None:
-    """The compare page's content as JSON: the runs in the order asked for, their options, their common metrics."""
+    """The compare page's content as JSON: the runs in the order asked for, their options, every metric any has."""
     if answer.missing:
         assert answer.response.status_code == 422 and "compare 2 to 10 different runs" in answer.text
         return
@@ -327,6 +350,17 @@ def compare_api(answer: Answer) -> None:
     assert [run["id"] for run in body["runs"]] == [int(run_id) for run_id in answer.query["run"]]
     assert all(len(row["values"]) == len(body["runs"]) for row in body["options"])
     assert all(len(metric["last"]) == len(body["runs"]) for metric in body["metrics"])
+
+
+def export_files(answer: Answer) -> None:
+    """The runs asked for as a zip of both tables, or one table as a file; a run the store lacks is a 404."""
+    asked = answer.query["run"] if isinstance(answer.query["run"], list) else [answer.query["run"]]
+    if not {int(run_id) for run_id in asked} <= {run[0] for run in answer.store.runs}:
+        assert answer.response.status_code == 404 and f"run {asked[0]}" in answer.text.lower()
+        return
+    body, zipped = answer.response.content, answer.response.headers["content-type"] == "application/zip"
+    table = b'"run"' if answer.query.get("format") == "csv" else b"PAR1"  # a CSV's header, or Parquet's magic
+    assert body.startswith(b"PK" if zipped else table), body[:20]
 
 
 def delete_page(answer: Answer) -> None:
@@ -393,6 +427,10 @@ def dump_on_page(answer: Answer) -> None:
     """The run page's "Which rank, and why": its button while the run lives, the newest dump's verdict."""
     run = answer.seeded
     assert ('id="dump-button"' in answer.text) == (run.status.value in ("starting", "running", "stopping"))
+    # "Which rank, and why" only with something to say (here: a straggler, a dump, a failure); a run that has not
+    # started has none, and shows only its quiet Dump button once it is live.
+    assert ('id="dump"' in answer.text) == (run.state not in UNSTARTED)
+    assert ('<a href="#dump">Which rank, and why</a>' in answer.text) == (run.state not in UNSTARTED)
     desync = run.state in ("failed", "lost", "stopped", "not progressing")  # ended badly or hung: re-run to name it
     assert ('id="desync-button"' in answer.text) == desync
     if run.state == "running":
@@ -548,6 +586,26 @@ def host_page(answer: Answer) -> None:
         assert 'hx-get="/host" hx-trigger="every 2s"' in answer.text
 
 
+def queue_api(answer: Answer) -> None:
+    """Every queued run of the store, once: this host's numbered in the queue's order, Slurm's apart."""
+    shown = answer.json()
+    queued = sorted(run_id for run_id, _name, status in answer.store.runs if status == RunStatus.queued)
+    here = [entry["id"] for entry in shown["queued"]]
+    assert sorted(here + [entry["id"] for entry in shown["elsewhere"]]) == queued
+    assert [entry["position"] for entry in shown["queued"]] == list(range(1, len(here) + 1))
+
+
+def queue_page(answer: Answer) -> None:
+    """The queue's table, each queued run in it; the part that polls itself alone when htmx asks for it."""
+    queued = [run_id for run_id, _name, status in answer.store.runs if status == RunStatus.queued]
+    assert all(f'id="queued-{run_id}"' in answer.text or f'id="elsewhere-{run_id}"' in answer.text
+               for run_id in queued)  # fmt: skip
+    if answer.query.get("_target") == "queue-now":
+        assert "<html" not in answer.text and 'id="capacity"' in answer.text
+    else:
+        assert "<h1>Queue</h1>" in answer.text and 'hx-get="/queue" hx-trigger="every 3s"' in answer.text
+
+
 def holds(predicate: Callable[[Answer], bool]) -> Callable[[Answer], None]:
     def check(answer: Answer) -> None:
         assert predicate(answer), answer.text[:300]
@@ -612,10 +670,18 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     "/alerts": holds(lambda answer: "<h1>Alerts</h1>" in answer.text and "No webhooks configured" in answer.text),
     "/api/alerts": holds(lambda answer: answer.json()["webhooks"] == [] and answer.json()["deliveries"] == []),
     "/api/runs/{run_id}/alerts": holds(lambda answer: answer.json() == []),
+    "/api/export": export_files,
+    "/api/export/{table}": export_files,
+    "/queue": queue_page,
+    "/api/queue": queue_api,
+    # No limit set in the walk: the admins' page and the API say so (tests/app/test_queue.py sets them).
+    "/queue/limits": holds(lambda answer: "No user has a limit." in answer.text and "No group yet." in answer.text),
+    "/api/queue/limits": holds(lambda answer: answer.json()["users"] == [] and answer.json()["groups"] == []),
 }
 
 # Besides a plain GET, what the pages ask each route for: query parameters, and the fragment's target (`_target`,
-# sent as HX-Target; with HX-Request too where htmx sends it, not where static/run.js fetches it itself).
+# sent as HX-Target; with HX-Request too where htmx sends it, not where static/run.js fetches it itself), and the
+# status a variant that asks for something wrong gets (`_status`; 200 otherwise).
 Variant = dict[str, str]
 VARIANTS: dict[str, Callable[[Store, Seeded | None], list[Variant]]] = {
     "/": lambda store, run: [
@@ -628,6 +694,7 @@ VARIANTS: dict[str, Callable[[Store, Seeded | None], list[Variant]]] = {
         {"status": "running", "_target": "runs-table", "_hx": "1"},
         {"q": "walk", "filter": "loss.min < 1; epochs >= 1", "sort": "-loss.last", "columns": "lr,loss.min"},
         {"q": "walk", "filter": "loss.min < 1", "columns": "seed", "_target": "runs-table", "_hx": "1"},
+        {"filter": BAD_FILTER, "_status": "422"},
     ],
     "/compare": lambda store, run: VARIANTS["/api/compare"](store, run),
     "/api/compare": lambda store, run: (
@@ -635,11 +702,15 @@ VARIANTS: dict[str, Callable[[Store, Seeded | None], list[Variant]]] = {
         if len(store.runs) >= 2
         else [{}]
     ),
+    "/api/export": lambda store, run: [{**one, **form} for one in VARIANTS["/api/compare"](store, run) if one
+                                       for form in ({}, {"format": "csv"})],
+    "/api/export/{table}": lambda store, run: VARIANTS["/api/export"](store, run),
     "/runs/{run_id}": lambda store, run: [{}, {"_target": "charts"}],
     "/api/goodput": lambda store, run: [{}, {"since_hours": "24"}, {"name_prefix": "zz-none"}],
     "/runs/{run_id}/logs": lambda store, run: [{"_target": "logs", "_hx": "1"}],
     "/runs/{run_id}/logs/stream": lambda store, run: [{"rank": "1", "stream": "stderr", "filter": ""}],
     "/host": lambda store, run: [{}, {"_target": "host-now", "_hx": "1"}],
+    "/queue": lambda store, run: [{}, {"_target": "queue-now", "_hx": "1"}],
     "/runs/new": lambda store, run: (
         [{}]
         + [
@@ -679,8 +750,9 @@ def walk(store: Store, route: Route, run: Seeded | None) -> list[Answer]:
         about = next((r for r in store.seeded.values() if str(r.id) == query.get("from_run")), run)
         answer = Answer(store, about, query, response, missing, event)
         where = f"GET {url}?{sent} {headers} ({store.name} store{f', {run.state} run' if run else ''})"
-        if not missing:
-            assert response.status_code == 200, f"{where}: {response.status_code} {response.text[:500]}"
+        if not missing:  # a variant that asks for what is wrong says what it gets (`_status`)
+            expected = int(query.get("_status", "200"))
+            assert response.status_code == expected, f"{where}: {response.status_code} {response.text[:500]}"
         try:
             EXPECT[route.path](answer)
         except AssertionError as error:

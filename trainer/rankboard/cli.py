@@ -12,7 +12,10 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import sys
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -38,9 +41,73 @@ class Parser(argparse.ArgumentParser):
 
 def main(argv: list[str]) -> int:
     """Runs one `rankboard runs` command; errors are one line on stderr and a non-zero exit."""
-    try:
+
+    def run() -> int:
         args = parse(argv)
-        return args.handler(client_for(args), args)
+        return int(args.handler(client_for(args), args))
+
+    return handled(run)
+
+
+def import_main(argv: list[str]) -> int:
+    """`rankboard import tensorboard|mlflow|wandb WHERE`: another tracker's runs into the server (rankboard.importers;
+    its readers need `pip install rankboard[import]`)."""
+    from .importers import command  # here: `rankboard runs` never loads it
+    from .importers.upload import Uploader
+
+    top = Parser(prog="rankboard import", description=command.__doc__, parents=[common_flags()])
+    command.add_arguments(top)
+
+    def run() -> int:
+        args = top.parse_args(argv)
+        return command.import_runs(Uploader(client_for(args)), args)
+
+    return handled(run)
+
+
+def queue_main(argv: list[str]) -> int:
+    """`rankboard queue`: the server's queue, a waiting run's priority, the limits of users and groups (admins)."""
+    from . import queue_command
+
+    top = Parser(prog="rankboard queue", description=queue_command.__doc__, parents=[common_flags()])
+    queue_command.add_arguments(top, common_flags())
+
+    def run() -> int:
+        args = top.parse_args(argv)
+        return queue_command.run(client_for(args), args)
+
+    return handled(run)
+
+
+def sync_main(argv: list[str]) -> int:
+    """`rankboard sync DIR...`: runs kept in folders (RANKBOARD_MODE=offline, or a server that was away) uploaded into
+    the server, each as one run; again, it stores nothing twice, and finishes a sync cut short (rankboard.sync)."""
+    from . import sync  # here: `rankboard runs` never loads it
+
+    top = Parser(prog="rankboard sync", description=sync.__doc__, parents=[common_flags()])
+    top.add_argument("folders", type=Path, nargs="+", metavar="DIR",
+                     help="a run's folder, or one holding runs' folders (./rankboard-offline)")  # fmt: skip
+
+    def run() -> int:
+        args = top.parse_args(argv)
+        syncer, failed, done = sync.Syncer(client_for(args)), 0, []
+        for key, kept in sync.kept_runs(args.folders).items():
+            try:
+                done.append(syncer.sync(key, kept))
+            except ClientError as error:  # the others may still go: a run that ended meanwhile stops only itself
+                print(f"rankboard: {key}: {error.message}", file=sys.stderr)
+                failed += 1
+            else:
+                print(json.dumps(vars(done[-1])) if args.json else done[-1].sentence(), flush=True)
+        return EXIT_ERROR if failed else 0
+
+    return handled(run)
+
+
+def handled(work: Callable[[], int]) -> int:
+    """Runs a command; errors are one line on stderr and a non-zero exit."""
+    try:
+        return work()
     except ClientError as error:
         print(f"rankboard: {error.message}", file=sys.stderr)
         return EXIT_TIMEOUT if isinstance(error, WaitTimedOut) else EXIT_ERROR
@@ -110,12 +177,18 @@ def read_config(path: Path) -> dict[str, Any]:
     return found
 
 
-def parser(schema: dict[str, Any] | None) -> argparse.ArgumentParser:
-    """`rankboard runs` and its commands; `schema`: the server's RunCreate, for the flags of `start`."""
+def common_flags() -> Parser:
+    """--url, --token and --json, which every command takes."""
     common = Parser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=f"the server (RANKBOARD_URL; default {DEFAULT_URL})")
     common.add_argument("--token", default=argparse.SUPPRESS, help="an API token (RANKBOARD_TOKEN)")
     common.add_argument("--json", action="store_true", help="print the API's JSON")
+    return common
+
+
+def parser(schema: dict[str, Any] | None) -> argparse.ArgumentParser:
+    """`rankboard runs` and its commands; `schema`: the server's RunCreate, for the flags of `start`."""
+    common = common_flags()
     top = Parser(prog="rankboard runs", description=__doc__, epilog=EXIT_HELP,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     commands = top.add_subparsers(dest="action", required=True)
@@ -169,6 +242,12 @@ def parser(schema: dict[str, Any] | None) -> argparse.ArgumentParser:
     download.add_argument("run", type=int)
     download.add_argument("checkpoint", help="its name, as `runs checkpoints` lists it")
     download.add_argument("-o", "--output", help="the file to write (default: the checkpoint's name, here)")
+    export = command("export", export_runs, "runs' points and the runs with their config: a zip of two Parquet or "
+                     "CSV files (points.*, runs.*), or one of them alone with --table; streamed to disk")  # fmt: skip
+    export.add_argument("runs", type=int, nargs="+", metavar="run")
+    export.add_argument("--format", choices=["parquet", "csv"], default="parquet", help="default parquet")
+    export.add_argument("--table", choices=["points", "runs"], help="one table alone, not the zip of both")
+    export.add_argument("-o", "--output", type=Path, help="the file to write (default: named by the runs, here)")
     return top
 
 
@@ -425,6 +504,26 @@ def list_checkpoints(client: Client, args: argparse.Namespace) -> int:
         marks = " ".join(mark for mark in ("latest", "best") if c.get(mark))
         loss = c["metrics"].get("loss")
         print(f"{c['name']}  step {c['step']}  {c['size']} bytes  loss {loss if loss is not None else '-'}  {marks}")
+    return 0
+
+
+def export_runs(client: Client, args: argparse.Namespace) -> int:
+    """`runs export RUN...`: streamed from GET /api/export to a file, which appears only once whole."""
+    query = urllib.parse.urlencode([*(("run", run) for run in args.runs), ("format", args.format)])
+    named = f"rankboard-runs-{'-'.join(map(str, args.runs[:5]))}" + (f"-{args.table}.{args.format}" if args.table
+                                                                      else ".zip")  # fmt: skip
+    target: Path = args.output or Path(named)
+    partial = target.with_name(f".{target.name}.part")
+    path = f"/api/export{'/' + args.table if args.table else ''}?{query}"
+    try:
+        with client._open("GET", path, timeout=None) as answer, partial.open("wb") as file:
+            shutil.copyfileobj(answer, file, 1 << 20)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    os.replace(partial, target)
+    size = target.stat().st_size
+    print(json.dumps({"path": str(target), "size": size}) if args.json else f"wrote {target} ({size:,} bytes)")
     return 0
 
 

@@ -78,6 +78,7 @@ def join_request(
 class Joined:
     run_id: str
     token: str
+    created: bool = False  # this join made the run: nothing was sent to it before
 
 
 def join(url: str, api_token: str, request: wire.Join, timeout: float = 5.0) -> tuple[int | None, Joined | None, str]:
@@ -103,6 +104,7 @@ def join(url: str, api_token: str, request: wire.Join, timeout: float = 5.0) -> 
         return response.status, None, detail
     try:
         reply = json.loads(text)
-        return response.status, Joined(str(int(reply["run_id"])), str(reply["token"])), detail
+        joined = Joined(str(int(reply["run_id"])), str(reply["token"]), reply.get("created") is True)
+        return response.status, joined, detail
     except (ValueError, KeyError, TypeError):
         return None, None, f"not a join reply: {detail}"

@@ -18,7 +18,9 @@ All processes of that job then report into one run (see `rankboard.external` for
 as `rankboard.report` (the same module, installed under a second name) where a `trainer.py` of the user's own
 would shadow this package. When the server cannot be reached, batches go to a spool file in the run
 folder and are sent, in order, once it answers again, also by a restarted trainer. The server stores a point once
-per (run, key, step, rank), so sending one twice is harmless, and this client prefers that to losing one.
+per (run, key, step, rank), so sending one twice is harmless, and this client prefers that to losing one. A run
+launched elsewhere with RANKBOARD_MODE=offline never touches the network: it is written to a folder, which
+`rankboard sync` uploads later, as it does what an online run's server never took (rankboard.offline).
 
 One batch never holds back the others. A batch the server refuses (a 4xx: a value it cannot take) is dropped, with one
 line on stderr, and never sent again; what the client can mend before sending (a rate that is infinite, a step that
@@ -30,6 +32,7 @@ keeps them all in the spool, in order.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import enum
 import hashlib
@@ -49,7 +52,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
-from . import external, forensics, wire
+from . import external, forensics, offline, wire
+from .offline import RankFiles  # by name: Reporter's `offline` argument hides the module there
 
 _REQUEST_TIMEOUT_S = 5.0
 _RETRY_FIRST_S = 1.0
@@ -374,9 +378,11 @@ class Reporter:
         *,
         start: bool = True,
         join: wire.Join | None = None,
+        offline: bool = False,
     ) -> None:
         """`run_id` None: a run launched elsewhere, which the thread joins with `join` and `token` (the user's API
-        token) before its first post."""
+        token) before its first post. `offline`: it never posts, every batch goes to the spool, which with the join
+        request and this process's ending is what `rankboard sync` uploads (rankboard.offline)."""
         if not 1 <= max_batch <= wire.MAX_POINTS_PER_BATCH:
             raise ValueError(f"max_batch must be in 1..{wire.MAX_POINTS_PER_BATCH}, got {max_batch}")
         self._rank, self._flush_interval, self._max_batch = rank, flush_interval, max_batch
@@ -396,7 +402,8 @@ class Reporter:
         self._delivered_beat_step: int | None = None
         self._beat_sent_at = -math.inf
         self._warned: set[str] = set()
-        self._url, self._api_token, self._join = checked_url(url), token, join
+        self._url, self._api_token, self._join = url if offline else checked_url(url), token, join
+        self._offline = offline
         self._connection = IngestConnection(url, run_id, token) if run_id is not None else None
         if self._connection is None and join is None:
             raise ValueError("a reporter needs a run id, or a join request to get one")
@@ -405,8 +412,9 @@ class Reporter:
         self._ending: str = "exited"
         self._flushing = False  # the final flush has begun: its last batch says how this process ended
         self._error: str | None = None
-        self._spool = Spool(Path(spool_dir) / f"spool-{self._host}-rank{rank}.jsonl", self._warn)
-        self._aside = SetAside(Path(spool_dir) / f"spool-{self._host}-rank{rank}.aside.jsonl", self._warn)
+        self._files = RankFiles.of(Path(spool_dir), self._host, rank)
+        self._spool = Spool(self._files.batches, self._warn)
+        self._aside = SetAside(self._files.aside, self._warn)
         self._failure = ""  # the server's last error of its own, for the line that sets a batch aside
         self._retry_at, self._retry_delay = 0.0, _RETRY_FIRST_S  # a spool left by a previous process goes first
         self._last_attempt = -math.inf
@@ -631,6 +639,27 @@ class Reporter:
             self._aside.retry(self._post_again, counted=False)  # this process's last go; the file keeps the rest
         if self._connection is not None:
             self._connection.close()
+        if self._join is not None:
+            self._leave_for_sync()
+
+    def _leave_for_sync(self) -> None:
+        """A run launched elsewhere whose batches the server did not all take (or, offline, never saw): leave beside
+        the spool what `rankboard sync` needs with them, the join request and how this process ended."""
+        left = self._spool.pending or self._aside.pending or self._connection is None
+        if self._run_over or not (self._offline or left):
+            return  # all taken; or refused for good, nothing kept
+        assert self._join is not None
+        try:
+            self._files.write_ended(wire.Ended(self._rank, self._host, self._ending, self._error))
+            if not self._offline:  # offline, init() wrote it at the start
+                self._files.write_join(self._join)
+        except OSError as error:
+            self._warn("sync files", f"cannot write {self._files.ended} ({error}); a sync will not know how it ended")
+            return
+        if not self._offline:
+            folder = self._files.folder
+            _stderr(f"[rank {self._rank}] the server did not take all of this run; what it lacks waits in {folder}: "
+                    f"`rankboard sync {folder}` uploads it")  # fmt: skip
 
     def _takes_batches(self) -> bool:
         """Whether the server took the last batch sent, and nothing waits in the spool."""
@@ -667,6 +696,8 @@ class Reporter:
             self._warn("spool write", f"cannot write the spool {self._spool.path} ({error}); points are lost")
 
     def _replay_spool(self) -> None:
+        if self._offline:
+            return
         if self._spool.replay(self._post, self._set_aside).keeps:
             self._retry_at = time.monotonic() + self._retry_delay
             self._retry_delay = min(2 * self._retry_delay, _RETRY_MAX_S)
@@ -697,6 +728,8 @@ class Reporter:
     def _post(self, body: bytes, *, quiet: bool = False) -> Outcome:
         if self._run_over:
             return Outcome.RUN_OVER
+        if self._offline:
+            return Outcome.RETRY  # kept in the spool, for `rankboard sync`: never a connection
         if time.monotonic() + _REQUEST_TIMEOUT_S > self._deadline:
             return Outcome.RETRY  # close() has not the time left to wait for the server
         self._last_attempt = time.monotonic()
@@ -720,6 +753,8 @@ class Reporter:
         if joined is not None:
             self._connection = IngestConnection(self._url, joined.run_id, joined.token)
             _stderr(f"[rank {self._rank}] reporting into run {joined.run_id} ({self._join.key})")
+            with contextlib.suppress(OSError):  # what an earlier process of this rank left for a sync is stale now
+                self._files.forget()
             return Outcome.ACCEPTED
         outcome = outcome_of(status)
         if outcome.keeps:
@@ -1034,6 +1069,8 @@ def init(
 
     `server` and `token` (an API token of an operator) default to RANKBOARD_URL and RANKBOARD_TOKEN, `name` to
     RANKBOARD_RUN_NAME or the script's file name, `key` to RANKBOARD_RUN_KEY or the job's own id (rankboard.external).
+    With RANKBOARD_MODE=offline nothing is sent: the run goes to a folder under RANKBOARD_OFFLINE_DIR, for
+    `rankboard sync` (rankboard.offline).
     `takes_stop`: the script checks `stop_requested()` and stops itself, so the dashboard may offer Stop.
     `checkpoint_dir`: where it saves checkpoints named `wire.checkpoint_name(step)`, in the shared folder, for the
     dashboard to list, inspect, download and prune. Each
@@ -1076,8 +1113,12 @@ def _external_reporter(
 ) -> Reporter | None:
     environ = os.environ
     url = server or environ.get(wire.ENV_URL)
-    if not url:
-        _stderr(f"report.init() has no server (server=... or {wire.ENV_URL}); metrics will not be sent")
+    mode, problem = offline.mode(environ)
+    if problem:
+        _stderr(problem)
+    if not url and mode != "offline":
+        _stderr(f"report.init() has no server (server=... or {wire.ENV_URL}, or {offline.ENV_MODE}=offline); "
+                "metrics will not be sent")  # fmt: skip
         return None
     try:
         name = name or environ.get(wire.ENV_RUN_NAME) or Path(sys.argv[0] or "python").stem
@@ -1086,15 +1127,28 @@ def _external_reporter(
             _stderr('report.init(): the config\'s NaN and infinities are sent as the strings "NaN" and "Infinity"')
         request = external.join_request(environ, key=key, name=name, config=safe_config, takes_stop=takes_stop,
                                         checkpoint_dir=checkpoint_dir, total_steps=total_steps)  # fmt: skip
-        digest = hashlib.sha256(request.key.encode()).hexdigest()[:16]
-        spool_dir = Path(tempfile.gettempdir()) / f"rankboard-{digest}"  # the same for a restarted process
+        spool_dir = _spool_folder(environ, request, mode)
         api_token = token if token is not None else environ.get(wire.ENV_TOKEN, "")
         flush, beat = _intervals(environ)
-        return Reporter(url, None, api_token, spool_dir, rank=request.rank, flush_interval=flush,
-                        heartbeat_interval=beat, join=request)  # fmt: skip
+        return Reporter(url or "", None, api_token, spool_dir, rank=request.rank, flush_interval=flush,
+                        heartbeat_interval=beat, join=request, offline=mode == "offline")  # fmt: skip
     except Exception as error:  # a bad URL or environment must not stop the training
         _stderr(f"cannot report metrics: {error}")
         return None
+
+
+def _spool_folder(environ: Mapping[str, str], request: wire.Join, mode: str) -> Path:
+    """Where a run launched elsewhere keeps its batches: online, a temporary folder keyed by the run (the same for a
+    restarted process); offline, its folder under RANKBOARD_OFFLINE_DIR, which starts with this rank's join request."""
+    if mode != "offline":
+        digest = hashlib.sha256(request.key.encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"rankboard-{digest}"
+    folder = offline.run_folder(environ, request.key)
+    RankFiles.of(folder, request.host, request.rank).write_join(request)
+    if environ.get("LOCAL_RANK", "0") == "0":  # once a node, not once a rank
+        _stderr(f"offline ({offline.ENV_MODE}=offline): this run is written to {folder}; "
+                f"`rankboard sync {folder}` uploads it")  # fmt: skip
+    return folder
 
 
 def _declared_total(total_steps: object) -> int | None:
