@@ -61,7 +61,7 @@ def test_a_page_that_watches_some_keys_gets_their_points_and_only_the_names_of_t
     client: TestClient, run_id: int
 ) -> None:
     """A page of 200 charts has built a few: it gets their points, and hears of the other keys (a new one, or news
-    of a chart it builds later) by name only. A stream of points alone sends no fragments; one of fragments no points."""
+    of a chart it builds later) by name only. A stream of points sends no fragments; one of fragments no points."""
     post(client, run_id, batch(1, 2))
     post(client, run_id, batch(1, 2, key="lr"))
     post(client, run_id, batch(1, key="train/acc"))

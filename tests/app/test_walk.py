@@ -702,8 +702,9 @@ VARIANTS: dict[str, Callable[[Store, Seeded | None], list[Variant]]] = {
         if len(store.runs) >= 2
         else [{}]
     ),
-    "/api/export": lambda store, run: [{**one, **form} for one in VARIANTS["/api/compare"](store, run) if one
-                                       for form in ({}, {"format": "csv"})],
+    "/api/export": lambda store, run: [
+        {**one, **form} for one in VARIANTS["/api/compare"](store, run) if one for form in ({}, {"format": "csv"})
+    ],
     "/api/export/{table}": lambda store, run: VARIANTS["/api/export"](store, run),
     "/runs/{run_id}": lambda store, run: [{}, {"_target": "charts"}],
     "/api/goodput": lambda store, run: [{}, {"since_hours": "24"}, {"name_prefix": "zz-none"}],

@@ -65,8 +65,9 @@ def create_run(
     launchers: LaunchersDep,
     caller: CallerDep,
 ) -> Run:
-    return runs.create_run(db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=caller.name,
-                           role=caller.role)
+    return runs.create_run(
+        db, spec=spec, settings=settings, folders=folders, launchers=launchers, actor=caller.name, role=caller.role
+    )
 
 
 @router.post("/external", response_model=JoinOut, responses={**documented(FieldInvalid), **UNREADABLE_BODY},
