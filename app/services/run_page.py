@@ -27,7 +27,6 @@ from app.schemas.comm import CommShare
 from app.schemas.forensics import DumpOut, FindingsOut
 from app.schemas.goodput import Goodput
 from app.schemas.health import HealthOut
-from app.schemas.logs import RankOutput
 from app.schemas.mfu import Mfu
 from app.schemas.preflight import Preflight
 from app.schemas.runs import RunDetail
@@ -80,12 +79,12 @@ class Progress:
 
 @dataclass(frozen=True)
 class RunFiles:
-    """What the run left in the shared folder: checkpoints, those the retention policy removed, each rank's output."""
+    """What the run left in the shared folder: checkpoints, those the retention policy removed, its job script (each
+    rank's output is the logs panel's, which reads it on its own stream)."""
 
     checkpoint_dir: Path
     checkpoints: tuple[CheckpointOut, ...]
     removals: tuple[CheckpointRemoval, ...]
-    outputs: tuple[RankOutput, ...]  # only those with lines
     job_script: str | None  # a Slurm run's batch script
 
 
@@ -201,7 +200,6 @@ def _files(run: Run, *, folders: RunFolders) -> RunFiles:
         checkpoint_dir=folders.checkpoint_dir(run),
         checkpoints=tuple(checkpoints.list_checkpoints(run, folders=folders, best_metric=run.best_metric or "loss")),
         removals=tuple(checkpoints.removals(run, folders=folders)),
-        outputs=tuple(output for output in files.rank_outputs(run, folders=folders) if output.lines),
         job_script=files.job_script(run, folders=folders),
     )
 
