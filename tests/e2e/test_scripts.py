@@ -52,8 +52,9 @@ def test_a_script_that_crashes_at_import_fails_with_its_traceback_on_the_page(li
         run = create(api, script="broken.py")
         done = wait_status(api, run["id"], FINAL, timeout=120)
         assert done["status"] == "failed" and "exited with 1" in done["status_reason"]
-        page = api.get(f"/runs/{run['id']}").text
-    assert "No module named &#39;a_module_that_is_not_installed&#39;" in page  # each rank's last lines
+        # The page's logs panel, as the page fetches it once it is up: "What went wrong" leads it.
+        panel = api.get(f"/runs/{run['id']}/logs", headers={"HX-Request": "true", "HX-Target": "logs"}).text
+    assert "No module named &#39;a_module_that_is_not_installed&#39;" in panel
     assert "Traceback (most recent call last)" in output(live_server, run["id"])
 
 
