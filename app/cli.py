@@ -1,5 +1,5 @@
-"""`rankboard serve [--host H] [--port P]`, `rankboard db upgrade`, `rankboard users ...`, `rankboard tokens ...`,
-`rankboard --version`, and `rankboard runs ...` (a client of a server's API: rankboard.cli).
+"""`rankboard serve [--host H] [--port P] [--workers N]`, `rankboard db upgrade`, `rankboard users ...`,
+`rankboard tokens ...`, `rankboard --version`, and `rankboard runs ...` (a client of a server's API: rankboard.cli).
 
 The server's packages (SQLAlchemy, pydantic, FastAPI) are imported only by the commands that need them, so that
 `rankboard runs ...` starts as fast as the standard library does."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from app import __version__
 from app.core.errors import RankboardError, SchemaMismatch
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
     from sqlalchemy.orm import Session, sessionmaker
 
     from app.core.settings import Settings
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides = {
         k: v
-        for k, v in {"host": getattr(args, "host", None), "port": getattr(args, "port", None)}.items()
+        for k, v in {name: getattr(args, name, None) for name in ("host", "port", "workers")}.items()
         if v is not None
     }
     try:
@@ -187,12 +189,15 @@ def serve_app(settings: Settings) -> int:
 
     from app.core import cpus
     from app.main import create_app
-    from app.web import access_log
     from app.web.guard import refuse_bind
 
+    if settings.workers > 1 and settings.on_sqlite:
+        print(f"rankboard: --workers {settings.workers} (RANKBOARD_WORKERS) needs PostgreSQL (RANKBOARD_DATABASE_URL): "
+              "SQLite takes one writer at a time, so a server on it runs as one process", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         app = create_app(settings)  # its launcher notes every CPU for the runs, before keep_to below
-    except SchemaMismatch as exc:
+    except SchemaMismatch as exc:  # made or refused here once, before any worker starts
         print(f"rankboard: {exc.message}", file=sys.stderr)
         return 1
     refusal = refuse_bind(settings, auth_on=app.state.auth.on)
@@ -201,22 +206,78 @@ def serve_app(settings: Settings) -> int:
         return 2
     print(
         f"Rankboard on http://{settings.host}:{settings.port}  (data: {settings.data_dir}, "
-        f"shared: {settings.shared}{' [fallback]' if settings.shared_dir_is_fallback else ''})",
+        f"shared: {settings.shared}{' [fallback]' if settings.shared_dir_is_fallback else ''}"
+        f"{f'; {settings.workers} workers' if settings.workers > 1 else ''})",
         flush=True,
     )
+    if settings.workers > 1:
+        app.state.sessions.kw["bind"].dispose()  # each worker builds its own app; this one only checked the database
+        return serve_workers(settings)
     if settings.server_cpus:  # before uvicorn starts its threads, which then keep to them too
         print(f"its threads on CPUs {cpus.describe(settings.server_cpus)}; the runs it starts on "
               f"{cpus.describe(cpus.available())}", flush=True)  # fmt: skip
         cpus.keep_to(settings.server_cpus)
-    # One worker: uvicorn with several leaves Nagle on and stalls kept-alive requests ~44 ms (Kludex/uvicorn#3149).
+    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, **uvicorn_options())
+    return 0
+
+
+def uvicorn_options() -> dict[str, Any]:
+    """How uvicorn serves, with one worker or several."""
+    from app.web import access_log
+
     # No proxy headers: uvicorn would take the client's address from X-Forwarded-For of anyone on 127.0.0.1, and
     # the guard believes X-Forwarded-User only from the proxy's own address (RANKBOARD_TRUSTED_PROXY).
     # A stopping server gives requests under way SHUTDOWN_GRACE_S, then cuts what is left: a page's stream lasts as
     # long as the page is open, and uvicorn would otherwise wait for it, not stopping at all. The pages reconnect.
     # No websocket route (the pages stream by server-sent events): ws="none" keeps its library out of an idle server.
-    uvicorn.run(app, host=settings.host, port=settings.port, workers=1, log_level="info", proxy_headers=False,
-                timeout_graceful_shutdown=SHUTDOWN_GRACE_S, log_config=access_log.log_config(), ws="none")  # fmt: skip
+    return {"log_level": "info", "proxy_headers": False, "timeout_graceful_shutdown": SHUTDOWN_GRACE_S,
+            "log_config": access_log.log_config(), "ws": "none"}  # fmt: skip
+
+
+def serve_workers(settings: Settings) -> int:
+    """`settings.workers` uvicorn processes accepting on one socket; uvicorn's manager restarts one that dies. Each
+    builds its app (worker_app) from the environment, which carries what the command line said."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    os.environ.update(RANKBOARD_HOST=settings.host, RANKBOARD_PORT=str(settings.port),
+                      RANKBOARD_WORKERS=str(settings.workers))  # fmt: skip
+    try:
+        listening = listening_socket(settings.host, settings.port)
+    except OSError as exc:
+        print(f"rankboard: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    config = uvicorn.Config("app.cli:worker_app", factory=True, host=settings.host, port=settings.port,
+                            workers=settings.workers, **uvicorn_options())  # fmt: skip
+    Multiprocess(config, sockets=[listening]).run()
     return 0
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The workers' one socket, made a TCP socket by name (IPPROTO_TCP). uvicorn makes it with protocol 0, and its
+    connections then keep that 0: asyncio sets TCP_NODELAY only on those that say IPPROTO_TCP, so with Nagle on,
+    each request after the first on a kept-alive connection waited ~44 ms for a delayed ACK (Kludex/uvicorn#3149;
+    uvloop sets it on every connection, but a server without uvloop runs on asyncio)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listening.bind((host, port))
+    listening.set_inheritable(True)
+    return listening
+
+
+def worker_app() -> FastAPI:
+    """One worker's app, for `serve --workers N`: built from the environment, its threads kept to
+    RANKBOARD_SERVER_CPUS once its launcher has noted every CPU for the runs."""
+    from app.core import cpus
+    from app.core.settings import Settings
+    from app.main import create_app
+
+    settings = Settings()
+    app = create_app(settings)
+    if settings.server_cpus:
+        cpus.keep_to(settings.server_cpus)
+    return app
 
 
 if __name__ == "__main__":

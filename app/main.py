@@ -31,7 +31,7 @@ from app.services import users
 from app.services.alerts import AlertRules
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
-from app.services.metrics import IngestCounters
+from app.services.ingest_totals import IngestTotals
 from app.web.api import alerts as alerts_api
 from app.web.api import charts as charts_api
 from app.web.api import comm as comm_api
@@ -66,7 +66,11 @@ from app.web.stream import SharedFragments
 from app.web.templating import make_templates
 from app.workers.alert_sender import AlertSender
 from app.workers.ingest_threads import IngestThreads
-from app.workers.supervisor import Supervisor
+from app.workers.ingest_totals import IngestTotalsWriter
+from app.workers.ingest_writer import IngestWriter
+from app.workers.lease import SUPERVISOR as SUPERVISOR_LEASE
+from app.workers.lease import Lease
+from app.workers.supervisor import LEASE_TICKS, Supervisor
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
@@ -85,13 +89,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     offer_slurm = settings.launcher == "slurm" or (settings.launcher == "auto" and slurm_available())
     launchers = Launchers(launcher, SlurmLauncher(settings, folders) if offer_slurm else None)
     alerting = bool(settings.alert_webhooks)
+    # Of several server processes on one database, only the lease's holder supervises and sends alerts.
+    lease = Lease(sessions, name=SUPERVISOR_LEASE, ttl_s=settings.supervise_interval_s * LEASE_TICKS)
     supervisor = Supervisor(
         sessions, launchers, folders, interval=settings.supervise_interval_s, grace=settings.stop_grace_s,
         stall_after=settings.stall_after_s,
         alert_rules=AlertRules.from_settings(settings) if alerting else None,
-        alert_sender=AlertSender(sessions, settings) if alerting else None,
+        alert_sender=AlertSender(sessions, settings, lease=lease) if alerting else None, lease=lease,
     )  # fmt: skip
+    ingest_totals = IngestTotals()
+    ingest_totals_writer = IngestTotalsWriter(sessions, ingest_totals)
     ingest_threads = IngestThreads(settings.ingest_nice)
+    ingest_writer = IngestWriter(sessions, nice=settings.ingest_nice, counters=ingest_totals)
     host_sampler = HostSampler()  # NVML opened on the first look at the Host page, once for the app
     with sessions() as db:
         users.ensure_first_admin(db, settings=settings)
@@ -100,10 +109,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         supervisor.start()
+        ingest_totals_writer.start()
         yield
         supervisor.stop()
+        ingest_totals_writer.stop()
         host_sampler.close()
         ingest_threads.close()
+        ingest_writer.close()  # after the parsing threads: a batch parsed at the end is still stored
         engine.dispose()
 
     app = FastAPI(
@@ -119,8 +131,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.supervisor, app.state.templates = supervisor, make_templates()
     app.state.host_sampler = host_sampler
     app.state.run_fragments = SharedFragments()
-    app.state.ingest_counters = IngestCounters()
-    app.state.ingest_threads = ingest_threads
+    app.state.ingest_counters = ingest_totals  # counted here, added to the database's totals for /metrics
+    app.state.ingest_threads, app.state.ingest_writer = ingest_threads, ingest_writer
     app.state.auth = switch
     app.state.login_throttle = LoginThrottle(limit=settings.login_attempts, window_s=settings.login_window_s)
     app.add_middleware(Guard, settings=settings, sessions=sessions, switch=switch, refuse=_error_response)

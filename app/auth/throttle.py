@@ -1,4 +1,8 @@
-"""Login attempts rate-limited, per user name and per client address, in this process's memory."""
+"""Login attempts rate-limited, per user name and per client address, in this process's memory.
+
+With `rankboard serve --workers N` each worker counts the failures it saw, and a client's connections land on any
+worker: a guesser gets up to N times `login_attempts` per window (the README says so where it describes --workers).
+"""
 
 from __future__ import annotations
 

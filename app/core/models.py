@@ -537,3 +537,26 @@ class AlertDelivery(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     next_attempt_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class Lease(Base):
+    """A job that exactly one server process may do at a time (`supervisor`): `holder` does it until `expires_at`,
+    renewing it as it goes; another process may take it once it is released (holder None) or has expired."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(200))
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class IngestTotal(Base):
+    """What every server process has taken, together (`all`): each process adds what it took since it last did, so
+    /metrics counts them all, whichever worker a scrape reaches."""
+
+    __tablename__ = "ingest_totals"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    batches: Mapped[int] = mapped_column(BigInteger, default=0)
+    accepted: Mapped[int] = mapped_column(BigInteger, default=0)
+    stored: Mapped[int] = mapped_column(BigInteger, default=0)

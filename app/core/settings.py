@@ -110,6 +110,11 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="Overrides the SQLite file, e.g. postgresql+psycopg://")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
+    workers: int = Field(
+        default=1, ge=1, le=64,
+        description="Server processes on the one port (PostgreSQL only: SQLite takes one writer, so one process); "
+        "one of them, the holder of the supervisor's lease, starts and finishes runs and sends alerts.",
+    )  # fmt: skip
     public_url: str | None = Field(default=None, description="How trainers reach this server; default from host:port.")
     stop_grace_s: float = Field(default=60.0, gt=0, description="SIGTERM to SIGKILL, when a run is stopped.")
     supervise_interval_s: float = Field(default=0.5, gt=0, description="How often run processes are checked.")
@@ -272,6 +277,11 @@ class Settings(BaseSettings):
     def binds_loopback(self) -> bool:
         """True when only this machine can reach the server: bound to a loopback address."""
         return is_loopback(self.host)
+
+    @property
+    def on_sqlite(self) -> bool:
+        """Whether the database is a SQLite file (the default), which one server process writes."""
+        return self.sqlalchemy_url.startswith("sqlite")
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -95,7 +95,7 @@ class EndedIn(Body):
 
 
 class BatchIn(Body):
-    """A batch of metric points from a trainer, with its progress, node inventory and heartbeat (`rankboard.wire`)."""
+    """A batch of metric points from a trainer, with its progress, node inventory and heartbeats (`rankboard.wire`)."""
 
     points: list[PointIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
     columns: list[ColumnIn] = Field(default_factory=list, max_length=wire.MAX_POINTS_PER_BATCH)
@@ -103,12 +103,25 @@ class BatchIn(Body):
     node: NodeIn | None = None
     heartbeat: HeartbeatIn | None = None
     ended: EndedIn | None = None
+    # Several ranks' at once, from a node's relay (rankboard.relay); the singular fields are one rank's own.
+    heartbeats: list[HeartbeatIn] = Field(default_factory=list, max_length=wire.MAX_RANKS_PER_BATCH)
+    endings: list[EndedIn] = Field(default_factory=list, max_length=wire.MAX_RANKS_PER_BATCH)
 
     @model_validator(mode="after")
     def _at_most_a_batch(self) -> BatchIn:
         if self.size > wire.MAX_POINTS_PER_BATCH:
             raise ValueError(f"{self.size} points; a batch holds at most {wire.MAX_POINTS_PER_BATCH}")
         return self
+
+    @property
+    def all_heartbeats(self) -> list[HeartbeatIn]:
+        """Every heartbeat the batch carries, in either field."""
+        return [*self.heartbeats, self.heartbeat] if self.heartbeat is not None else self.heartbeats
+
+    @property
+    def all_endings(self) -> list[EndedIn]:
+        """Every ending the batch carries, in either field."""
+        return [*self.endings, self.ended] if self.ended is not None else self.endings
 
     @property
     def size(self) -> int:

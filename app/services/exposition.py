@@ -2,8 +2,9 @@
 
 Each scrape reads a `Snapshot` and hands it, as the one collector of a registry of its own, to `generate_latest`.
 Cardinality is bounded: only live runs (starting, running, stopping) get series of their own, at most MAX_RUNS of
-them (the newest), and at most MAX_GPU_SERIES GPU series among them. Counters of ingest are this process's own and
-restart from 0 with it, which Prometheus' rate() expects of a counter.
+them (the newest), and at most MAX_GPU_SERIES GPU series among them. Counters of ingest are every server process's,
+from the database's totals (app.services.ingest_totals): with `serve --workers N` a scrape reaches one worker and
+counts them all, another worker's up to a second late; they count since the database was made.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
 from app.core.models import Run, RunStatus
-from app.services.metrics import IngestCounters
+from app.services.ingest_totals import IngestTotals
 from app.store import exposition as store
 from app.store import metrics as metric_store
 
@@ -56,12 +57,12 @@ class Snapshot(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._run_families()
         yield from self._gpu_families()
-        yield CounterMetricFamily("rankboard_ingest_batches_total", "Metric batches taken since the server started",
+        yield CounterMetricFamily("rankboard_ingest_batches_total", "Metric batches taken by every server process",
                                   value=self.batches)  # fmt: skip
-        yield CounterMetricFamily("rankboard_ingest_points_accepted_total", "Points received since the server started",
+        yield CounterMetricFamily("rankboard_ingest_points_accepted_total", "Points received by every server process",
                                   value=self.accepted)  # fmt: skip
         yield CounterMetricFamily("rankboard_ingest_points_stored_total",
-                                  "Points new to the store since the server started", value=self.stored)  # fmt: skip
+                                  "Points new to the store, by every server process", value=self.stored)  # fmt: skip
 
     def _run_families(self) -> Iterator[Metric]:
         runs = [((str(run.id), run.name), run) for run in self.runs]
@@ -82,9 +83,11 @@ class Snapshot(Collector):
             yield gauge(name, help_text, GPU_LABELS, samples)
 
 
-def render(db: Session, *, counters: IngestCounters) -> bytes:
+def render(db: Session, *, counters: IngestTotals) -> bytes:
     """The whole exposition, read in one transaction (one snapshot on PostgreSQL; SQLite's driver reads each query
-    afresh, so a batch stored meanwhile may show in one family and not yet in another)."""
+    afresh, so a batch stored meanwhile may show in one family and not yet in another); the ingest totals, with this
+    process's counts added first, just before."""
+    batches, accepted, stored = counters.read(db)
     with db.begin():
         by_status = store.runs_by_status(db)
         runs = store.live_runs(db, statuses=LIVE, limit=MAX_RUNS)
@@ -93,7 +96,7 @@ def render(db: Session, *, counters: IngestCounters) -> bytes:
             db, run_ids=[r.id for r in runs], fields=list(GPU_METRICS), limit=MAX_GPU_SERIES
         )
     registry = CollectorRegistry()
-    registry.register(Snapshot(by_status, runs, losses, gpus, counters.batches, counters.accepted, counters.stored))
+    registry.register(Snapshot(by_status, runs, losses, gpus, batches, accepted, stored))
     return generate_latest(registry)
 
 

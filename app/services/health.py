@@ -50,9 +50,14 @@ def assess(db: Session, run: Run, *, now: datetime, stall_after: timedelta) -> H
     """The health of a running run at `now`; "ok" for a run in any other state."""
     if run.status != RunStatus.running:
         return _health("ok", "")
-    rows = rank_store.rank_rows(db, run_id=run.id)
-    if not rows:
+    # Counted in SQL first: the supervisor asks twice a second, and a 1,024-rank job's rows are read only once one
+    # of them is silent (a heartbeat from before this launch counts from the launch: `_last_sign`).
+    ranks, silent = rank_store.silent_count(db, run_id=run.id, before=now - stall_after)
+    if not ranks:
         return _run_level(run, now=now, stall_after=stall_after)
+    if not silent or (run.started_at is not None and now - run.started_at <= stall_after):
+        return _health("ok", "")
+    rows = rank_store.rank_rows(db, run_id=run.id)
     stalled = [
         StalledRankOut(rank=row.rank, host=row.host, step=row.step, heartbeat_at=row.heartbeat_at,
                        silent_s=(now - row.heartbeat_at).total_seconds())

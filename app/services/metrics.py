@@ -5,7 +5,8 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
-from collections.abc import Iterator
+from collections import ChainMap
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth.passwords import sha256
-from app.core.errors import InvalidToken, RunNotActive, SeriesNotFound
+from app.core.errors import InvalidToken, RankboardError, RunNotActive, RunNotFound, SeriesNotFound
 from app.core.models import Run, RunStatus, utcnow
 from app.launcher.launchers import kind
 from app.schemas.metrics import BatchIn, IngestResult, PointOut, SeriesOut
@@ -27,7 +28,7 @@ from app.store import chunks
 from app.store import metrics as metric_store
 from app.store import runs as run_store
 from app.store import summaries as summary_store
-from app.store.metrics import SeriesPoint, StoredPoint
+from app.store.metrics import SeriesIds, SeriesKeys, SeriesPoint, StoredPoint
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,34 +53,172 @@ class IngestCounters:
             self.stored += result.stored
 
 
+@dataclass(frozen=True)
+class Post:
+    """One batch as posted: for which run, with which token."""
+
+    run_id: int
+    token: str
+    batch: BatchIn
+
+
+# What a post gets: its result, or the error its request answers with.
+Outcome = IngestResult | Exception
+
+
 def ingest(
-    db: Session, *, run_id: int, token: str, batch: BatchIn, counters: IngestCounters | None = None
+    db: Session,
+    *,
+    run_id: int,
+    token: str,
+    batch: BatchIn,
+    counters: IngestCounters | None = None,
+    series: SeriesIds | None = None,
 ) -> IngestResult:
     """Stores a batch in one transaction; points already stored (a retry, a replayed spool) are skipped."""
-    with db.begin():
-        run = runs.get_run(db, run_id=run_id)
-        if not token_fits(db, run, token):
-            raise InvalidToken(f"the token is not the one run {run_id} was launched with")
-        reporting = kind(run.launcher).joins  # its processes say themselves that they live, and how they ended
-        if not kind(run.launcher).takes_batch(run, now=utcnow()):
-            raise RunNotActive(f"run {run_id} is {run.status.value}: it takes no more metrics")
-        if reporting:
-            external.took_batch(db, run)
-        stored = _store_points(db, run_id=run_id, batch=batch)
-        nodes.record(db, run=run, node=batch.node, heartbeat=batch.heartbeat)
-        if advance_progress(run, batch):
-            run.heartbeat_at = utcnow()
-            if run.status in (RunStatus.queued, RunStatus.starting):
-                what = "progress" if batch.progress is not None else "step"
-                transitions.move(db, run, RunStatus.running, f"the trainer reported its first {what}")
-        if batch.ended is not None and reporting:
-            external.ended(db, run, batch.ended)
-        stop = reporting and run.stop_requested_at is not None
-        dump = dump_requests.pending(run, now=utcnow())
-    result = IngestResult(accepted=batch.size, stored=stored, stop=stop, dump=dump)
+    (outcome,) = ingest_group(db, [Post(run_id, token, batch)], counters=counters, series=series)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def ingest_group(
+    db: Session, posts: Sequence[Post], *, counters: IngestCounters | None = None, series: SeriesIds | None = None
+) -> list[Outcome]:
+    """Stores the posts in one transaction, each in a savepoint of its own: a post refused (an unknown run, a wrong
+    token, a run that ended) gets its error, and the others are stored all the same. The live log, the chart tiers
+    and the summaries of the series they touched are written once for all of them, at the end.
+
+    Should the transaction fail as a whole, each post is stored again on its own: one post's failure never costs
+    the others theirs. `series` keeps the series ids between groups (app.workers.ingest_writer).
+    """
+    group = _Group(db, series)
+    try:
+        with db.begin():
+            outcomes = group.take(posts)
+    except SQLAlchemyError:
+        for post in posts:
+            if series is not None:
+                series.forget(post.run_id)  # a series may have gone with its run
+        if len(posts) == 1:
+            raise
+        log.warning("a group of %s batches failed as a whole: each is stored on its own", len(posts), exc_info=True)
+        return [_alone(db, post, counters, series) for post in posts]
+    if series is not None:  # committed: other writers may use them now
+        series.keep(group.new_series)
     if counters is not None:  # counted once committed: a batch refused or rolled back was not taken
-        counters.add(result)
-    return result
+        for outcome in outcomes:
+            if isinstance(outcome, IngestResult):
+                counters.add(outcome)
+    return outcomes
+
+
+def _alone(db: Session, post: Post, counters: IngestCounters | None, series: SeriesIds | None) -> Outcome:
+    try:
+        return ingest_group(db, [post], counters=counters, series=series)[0]
+    except Exception as error:  # the post's own request answers with it
+        return error
+
+
+class _Group:
+    """One transaction's posts: each run read once (its status too: a run that ended since the last group takes no
+    more), each (run, token) checked once, and the chunks written kept for the refresh at the end."""
+
+    def __init__(self, db: Session, series: SeriesIds | None) -> None:
+        self.db, self.series = db, series
+        self.runs: dict[int, Run] = {}
+        self.tokens: dict[tuple[int, str], bool] = {}
+        self.written: list[chunks.Written] = []
+        self.new_series: SeriesKeys = {}  # of the posts stored (their savepoints released)
+        self._post_series: ChainMap[tuple[int, object, str], int] = ChainMap()  # the post's own, then the group's
+
+    def take(self, posts: Sequence[Post]) -> list[Outcome]:
+        metric_store.hold_writes(self.db)  # before the first savepoint, which would begin a read on SQLite
+        self._lock_series(posts)
+        if len(posts) == 1:  # a transaction of its own: its failure is its alone, no savepoint needed
+            self._post_series = ChainMap(self.new_series)
+            result, self.written = self._store(posts[0])
+            outcomes: list[Outcome] = [result]
+        else:
+            outcomes = [self._one(post) for post in posts]
+        _refresh(self.db, chunks.combined(self.written), log=True)
+        return outcomes
+
+    def _lock_series(self, posts: Sequence[Post]) -> None:
+        """On PostgreSQL, every series the posts write, locked at once in id order before any is written: two groups
+        that lock them post by post would each hold one that the other waits for (SQLite: one writer, no locks)."""
+        if self.db.get_bind().dialect.name != "postgresql":
+            return
+        series: set[int] = set()
+        for post in posts:
+            try:
+                run = self._admitted(post)
+            except RankboardError:
+                continue  # refused again, with its answer, when its turn comes
+            series |= set(self._ids(run, post.batch, self.new_series).values())
+        metric_store.lock_series(self.db, series)
+
+    def _one(self, post: Post) -> Outcome:
+        self._post_series = ChainMap({}, self.new_series)
+        try:
+            with self.db.begin_nested():
+                result, written = self._store(post)
+        except RankboardError as error:
+            return error
+        except SQLAlchemyError as error:  # rolled back to the savepoint: the group goes on without this post
+            if self.series is not None:
+                self.series.forget(post.run_id)  # a series may have gone with its run
+            log.warning("run %s: a batch failed: %s", post.run_id, error)
+            return error
+        self.written += written
+        self.new_series |= self._post_series.maps[0]
+        return result
+
+    def _store(self, post: Post) -> tuple[IngestResult, list[chunks.Written]]:
+        run, batch = self._admitted(post), post.batch
+        joins = kind(run.launcher).joins  # its processes say themselves that they live, and how they ended
+        if joins:
+            external.took_batch(self.db, run)
+        ids = self._ids(run, batch, self._post_series)
+        written = metric_store.insert_points(self.db, _columns(batch, ids), log=False, locked=True)  # _lock_series
+        nodes.record(self.db, run=run, node=batch.node, heartbeats=batch.all_heartbeats)
+        _apply_progress(self.db, run, batch)
+        for ending in batch.all_endings if joins else ():
+            external.ended(self.db, run, ending)
+        stop = joins and run.stop_requested_at is not None
+        stored = sum(int(chunk.added.sum()) for chunk in written)
+        dump = dump_requests.pending(run, now=utcnow())
+        return IngestResult(accepted=batch.size, stored=stored, stop=stop, dump=dump), written
+
+    def _admitted(self, post: Post) -> Run:
+        """The post's run, once its token fits and it takes batches; raises why not."""
+        run = self.runs.get(post.run_id) or metric_store.ingest_run(self.db, post.run_id)
+        if run is None:
+            raise RunNotFound(post.run_id)
+        self.runs[post.run_id] = run
+        fits = self.tokens.get((run.id, post.token))
+        if fits is None:
+            fits = self.tokens[(run.id, post.token)] = token_fits(self.db, run, post.token)
+        if not fits:
+            raise InvalidToken(f"the token is not the one run {run.id} was launched with")
+        if not kind(run.launcher).takes_batch(run, now=utcnow()):
+            raise RunNotActive(f"run {run.id} is {run.status.value}: it takes no more metrics")
+        return run
+
+    def _ids(self, run: Run, batch: BatchIn, new: MutableMapping[tuple[int, object, str], int]) -> dict[str, int]:
+        keys = _keys(batch)
+        if self.series is None or run.deleting_at is not None:
+            return metric_store.series_ids(self.db, run_id=run.id, keys=keys)
+        return self.series.of(self.db, run_id=run.id, made=run.created_at, keys=keys, new=new)
+
+
+def _apply_progress(db: Session, run: Run, batch: BatchIn) -> None:
+    """The run's progress and heartbeat from the batch; a queued or starting run that reports is running."""
+    if advance_progress(run, batch):
+        run.heartbeat_at = utcnow()
+        if run.status in (RunStatus.queued, RunStatus.starting):
+            what = "progress" if batch.progress is not None else "step"
+            transitions.move(db, run, RunStatus.running, f"the trainer reported its first {what}")
 
 
 def token_fits(db: Session, run: Run, token: str) -> bool:
@@ -111,9 +250,12 @@ def advance_progress(run: Run, batch: BatchIn) -> bool:
     return progress is not None or top is not None
 
 
-def _store_points(db: Session, *, run_id: int, batch: BatchIn) -> int:
-    keys = {p.key for p in batch.points} | {column.key for column in batch.columns}
-    ids = metric_store.series_ids(db, run_id=run_id, keys=keys)
+def _keys(batch: BatchIn) -> set[str]:
+    return {p.key for p in batch.points} | {column.key for column in batch.columns}
+
+
+def _columns(batch: BatchIn, ids: dict[str, int]) -> dict[tuple[int, int], chunks.Column]:
+    """The batch's points as one column per (series id, rank)."""
     grouped: dict[tuple[int, int], tuple[list[int], list[float], list[float]]] = {}
     for p in batch.points:
         steps, values, times = grouped.setdefault((ids[p.key], p.rank), ([], [], []))
@@ -125,10 +267,24 @@ def _store_points(db: Session, *, run_id: int, batch: BatchIn) -> int:
         steps += column.steps
         values += column.values
         times += column.times
-    written = metric_store.insert_points(db, {key: chunks.Column.of(*points) for key, points in grouped.items()})
-    if written:  # a batch of nothing but re-sent points cannot change the charts' tiers
-        chart_store.refresh_tiers(db, written)
-        summary_store.refresh(db, {chunk.series_id for chunk in written})  # the runs table's, in the same transaction
+    return {key: chunks.Column.of(*points) for key, points in grouped.items()}
+
+
+def _refresh(db: Session, written: Sequence[chunks.Written], *, log: bool) -> None:
+    """The chart tiers and the runs table's summaries of the chunks written, in the same transaction; and with `log`
+    the live pages' log of their new points, last: on PostgreSQL its lock is then held only up to the commit."""
+    if not written:  # a batch of nothing but re-sent points cannot change the charts' tiers
+        return
+    chart_store.merge_tiers(db, written)
+    summary_store.merge(db, written)
+    if log:
+        metric_store.log_recent(db, written)
+
+
+def _store_points(db: Session, *, run_id: int, batch: BatchIn) -> int:
+    ids = metric_store.series_ids(db, run_id=run_id, keys=_keys(batch))
+    written = metric_store.insert_points(db, _columns(batch, ids))
+    _refresh(db, written, log=False)
     return sum(int(chunk.added.sum()) for chunk in written)
 
 

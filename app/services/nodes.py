@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
@@ -12,16 +14,16 @@ from app.store import ranks as rank_store
 from app.store import runs as run_store
 
 
-def record(db: Session, *, run: Run, node: NodeIn | None, heartbeat: HeartbeatIn | None) -> None:
-    """Keeps a node's inventory in `run.gpus` (one entry per host) and upserts a rank's heartbeat; inside ingest's
-    transaction."""
+def record(db: Session, *, run: Run, node: NodeIn | None, heartbeats: Sequence[HeartbeatIn]) -> None:
+    """Keeps a node's inventory in `run.gpus` (one entry per host) and upserts each rank's heartbeat, all in one
+    statement; inside ingest's transaction."""
     if node is not None:
         # Two nodes' batches may land at once: lock the row, or one node's inventory would overwrite the other's.
         run_store.reread_locked(db, run, "gpus")
         run.gpus = merge_node(run.gpus, node.model_dump())
-    if heartbeat is not None:
-        rank_store.upsert_heartbeat(
-            db, run_id=run.id, rank=heartbeat.rank, host=heartbeat.host, step=heartbeat.step, at=utcnow()
+    if heartbeats:
+        rank_store.upsert_heartbeats(
+            db, run_id=run.id, beats=[(beat.rank, beat.host, beat.step) for beat in heartbeats], at=utcnow()
         )
 
 

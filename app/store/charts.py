@@ -2,8 +2,9 @@
 
 Reading every point of a million-point series per request would freeze the page, and thinning by stride or average
 loses the spike that matters. So wide buckets are aggregated from pre-aggregated rows: `metric_tiers` keeps each
-rank's min, max, highest step and the value and unix time there per `tier` steps, for each tier in TIERS, refreshed
-on ingest from the points themselves (so re-sending a batch changes nothing).
+rank's min, max, highest step and the value and unix time there per `tier` steps, for each tier in TIERS: ingest
+merges the points it added into every tier at once (`merge_tiers`: a point already stored is never added again, so
+re-sending a batch changes nothing); `refresh_tiers` rebuilds buckets from the points, for a store being built.
 
 A chart reads the coarsest tier whose bucket fits in the requested bucket, so at most TIER_RATIO * width rows per
 rank, or the raw points when the requested bucket is smaller than the finest tier (fewer than TIERS[0] * width
@@ -336,3 +337,63 @@ def _upsert(db: Session, statement: str, spans: Sequence[Span]) -> None:
             f"WITH touched (series_id, rank, first, last) AS (VALUES {values}) {statement}",
             tuple(itertools.chain.from_iterable(chunk)),
         )
+
+
+def merge_tiers(db: Session, written: Sequence[chunks.Written]) -> None:
+    """Merges the chunks' added points into every tier's buckets: one upsert statement for all tiers, and no read.
+
+    Ingest's way (`refresh_tiers` rebuilds from what is stored instead, for a store being built). A bucket's min and
+    max merge as min and max, its last value as the one of the higher step; every added point is new to its (series,
+    rank), so merging is exact, and merging a point twice changes nothing. NaN is NULL here: a min or max of only NaN.
+    """
+    rows = _added_rows(written)
+    if not rows:
+        return
+    columns, _rebuild = _upsert_parts(times=True)
+    connection = db.connection()
+    marker = chunks.marker(connection)
+    connection.exec_driver_sql(
+        f"INSERT INTO metric_tiers ({columns}) VALUES ({', '.join([marker] * len(rows[0]))}){_MERGE}", rows
+    )
+
+
+def _newer(column: str) -> str:
+    return (
+        f"CASE WHEN excluded.last_step > metric_tiers.last_step THEN excluded.{column} ELSE metric_tiers.{column} END"
+    )
+
+
+# NULL (NaN) loses to any number; a comparison with NULL is NULL, which CASE takes as false.
+_MERGE = (
+    " ON CONFLICT (series_id, tier, bucket, rank) DO UPDATE SET"
+    " min_value = CASE WHEN metric_tiers.min_value IS NULL OR excluded.min_value < metric_tiers.min_value"
+    "  THEN excluded.min_value ELSE metric_tiers.min_value END,"
+    " max_value = CASE WHEN metric_tiers.max_value IS NULL OR excluded.max_value > metric_tiers.max_value"
+    "  THEN excluded.max_value ELSE metric_tiers.max_value END,"
+    f" last_value = {_newer('last_value')}, last_time = {_newer('last_time')}, last_step = {_newer('last_step')}"
+)
+
+
+def _added_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
+    """Per tier, the rows that the added points alone make of each (series, bucket, rank) they fall in."""
+    import numpy as np
+
+    written = [chunk for chunk in written if chunk.added.any()]
+    if not written:
+        return []
+    steps = np.concatenate([chunk.merged.steps[chunk.added] for chunk in written])
+    values = np.concatenate([chunk.merged.values[chunk.added] for chunk in written])
+    times = np.concatenate([chunk.merged.times[chunk.added] for chunk in written])
+    owner = np.repeat(np.arange(len(written)), [int(chunk.added.sum()) for chunk in written])
+    series_of = np.array([chunk.series_id for chunk in written])
+    rank_of = np.array([chunk.rank for chunk in written])
+    rows: list[tuple[Any, ...]] = []
+    for tier in TIERS:  # each chunk's steps ascend: a bucket's points are one run of them
+        bucket = steps // tier
+        starts = np.flatnonzero(np.r_[True, (np.diff(bucket) != 0) | (np.diff(owner) != 0)])
+        ends = np.r_[starts[1:], len(steps)] - 1
+        lows, highs = np.fmin.reduceat(values, starts), np.fmax.reduceat(values, starts)
+        rows += zip(series_of[owner[starts]].tolist(), [tier] * len(starts), bucket[starts].tolist(),
+                    rank_of[owner[starts]].tolist(), _nulls(lows), _nulls(highs), steps[ends].tolist(),
+                    _nulls(values[ends]), times[ends].tolist(), strict=True)  # fmt: skip
+    return rows

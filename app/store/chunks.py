@@ -125,6 +125,22 @@ class Written:
     added: np.ndarray  # bool mask over merged
 
 
+def combined(written: Sequence[Written]) -> list[Written]:
+    """Chunks written by several batches of one transaction as each chunk once: its last state (which holds every
+    earlier one's points), with every point any of them added marked as added."""
+    import numpy as np
+
+    latest: dict[ChunkKey, Written] = {}
+    for chunk in written:
+        key = (chunk.series_id, int(chunk.merged.steps[0]) // SPAN, chunk.rank)
+        before = latest.get(key)
+        if before is not None:  # `chunk` holds every point of `before`: carry its added marks over by step
+            earlier = before.merged.steps[before.added]
+            chunk = Written(key[0], key[2], chunk.merged, chunk.added | np.isin(chunk.merged.steps, earlier))
+        latest[key] = chunk
+    return list(latest.values())
+
+
 def encode(
     steps: np.ndarray, values: np.ndarray, times: np.ndarray, level: int = LEVEL, *, samples: bool = False
 ) -> bytes:

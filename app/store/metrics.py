@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import Insert, Table, case, select
+from sqlalchemy import Insert, Table, case, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, lazyload, load_only
 
-from app.core.models import MetricSeries, RecentHead, RecentPoints
+from app.core.models import MetricSeries, RecentHead, RecentPoints, Run
 from app.store import chunks
 
 # How many of the newest points the log for live pages keeps (`points_after`): about 25 MB. A page that falls
@@ -46,6 +47,20 @@ class SeriesPoint(NamedTuple):
     time: float
 
 
+# What ingest reads of a run, once per group of batches: not its config, command, nor the `gpus` inventory of every
+# node (a JSON document that grows with the job, decoded on every post before).
+_INGEST_COLUMNS = (
+    Run.id, Run.created_at, Run.status, Run.launcher, Run.script, Run.token_hash, Run.started_at, Run.finished_at,
+    Run.deleting_at, Run.epoch, Run.step, Run.total_steps, Run.samples_per_s, Run.heartbeat_at, Run.contact_at,
+    Run.stop_requested_at, Run.dump_request, Run.dump_requested_at,
+)  # fmt: skip
+
+
+def ingest_run(db: Session, run_id: int) -> Run | None:
+    """The run with what ingest needs of it loaded (the rest loads if asked for); None when there is none."""
+    return db.scalar(select(Run).options(load_only(*_INGEST_COLUMNS), lazyload("*")).where(Run.id == run_id))
+
+
 def _insert_ignoring_duplicates(db: Session, table: Table) -> Insert:
     dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
     return dialect.insert(table).on_conflict_do_nothing()
@@ -61,22 +76,91 @@ def series_ids(db: Session, *, run_id: int, keys: Iterable[str]) -> dict[str, in
     return {key: series_id for key, series_id in rows}
 
 
-def insert_points(db: Session, columns: Mapping[tuple[int, int], chunks.Column]) -> list[chunks.Written]:
+SeriesKey = tuple[int, object, str]  # a series named by its run's id and creation time, and its key
+SeriesKeys = dict[SeriesKey, int]
+
+
+class SeriesIds:
+    """Series ids by run and key, kept by one server process: a series keeps its id until its run is deleted, so
+    only a key not seen yet costs a statement (`series_ids`, which another process may have beaten to it).
+
+    A run is named by its id and its creation time: SQLite gives a deleted run's id to the next run made, whose
+    series are new. `limit` bounds the memory: past it the cache starts again empty (a series is ~150 bytes).
+    """
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self._ids: SeriesKeys = {}
+        self._lock = threading.Lock()  # PostgreSQL's writers share one cache
+
+    def of(
+        self, db: Session, *, run_id: int, made: object, keys: Iterable[str], new: MutableMapping[SeriesKey, int]
+    ) -> dict[str, int]:
+        """The series id of each key of the run made at `made`, creating the series that do not exist yet; those
+        not kept yet are added to `new`, for the caller to `keep` once its transaction has committed (until then
+        another writer must not use them, nor at all if it rolls back)."""
+        found, missing = {}, []
+        for key in keys:
+            series_id = self._ids.get((run_id, made, key)) or new.get((run_id, made, key))
+            if series_id is None:
+                missing.append(key)
+            else:
+                found[key] = series_id
+        if missing:
+            created = series_ids(db, run_id=run_id, keys=missing)
+            new.update({(run_id, made, key): series_id for key, series_id in created.items()})
+            found |= created
+        return found
+
+    def keep(self, new: Mapping[SeriesKey, int]) -> None:
+        """Keeps series ids that a committed transaction found or created."""
+        with self._lock:
+            if len(self._ids) + len(new) > self.limit:
+                self._ids.clear()
+            self._ids.update(new)
+
+    def forget(self, run_id: int) -> None:
+        """Drops the run's series (a statement on them failed: the run may be being deleted)."""
+        with self._lock:
+            self._ids = {key: value for key, value in self._ids.items() if key[0] != run_id}
+
+
+def hold_writes(db: Session) -> None:
+    """On SQLite, takes the database's write lock now, for the rest of the transaction: a transaction that reads
+    first (or opens a savepoint) and writes later cannot wait for the lock when another writer committed meanwhile:
+    it fails at once with "database is locked". A write, as app.store.runs.reread_locked does; nothing on PostgreSQL.
+    """
+    if db.get_bind().dialect.name == "sqlite":
+        db.execute(update(HEAD).where(HEAD.c.id == 1).values(head=HEAD.c.head))
+
+
+def lock_series(db: Session, series: Iterable[int]) -> None:
+    """Holds the series' rows until the commit on PostgreSQL, in id order (so two writers never wait on each other
+    in a circle), whose concurrent transactions would otherwise both read a chunk and both write it back, one losing
+    the other's points. SQLite needs none: its one writer holds the database."""
+    if db.get_bind().dialect.name == "postgresql":
+        locked = select(SERIES.c.id).where(SERIES.c.id.in_(set(series)))
+        db.execute(locked.order_by(SERIES.c.id).with_for_update())
+
+
+def insert_points(
+    db: Session, columns: Mapping[tuple[int, int], chunks.Column], *, log: bool = True, locked: bool = False
+) -> list[chunks.Written]:
     """Stores each (series_id, rank)'s points, skipping those already stored; returns the chunks that changed.
 
-    The series are locked first on PostgreSQL, whose concurrent transactions would otherwise both read a chunk and
-    both write it back, one losing the other's points (SQLite has taken its one write lock already: `series_ids`
-    wrote). The new points are also logged for live pages (`points_after`).
+    The series are locked first (`lock_series`) unless the caller has (`locked`). The new points are also logged for
+    live pages (`points_after`), unless the caller logs them itself (`log=False`: `log_recent` once for several
+    batches, as the ingest writer's group does).
     """
-    if db.get_bind().dialect.name == "postgresql":
-        locked = select(SERIES.c.id).where(SERIES.c.id.in_({series_id for series_id, _rank in columns}))
-        db.execute(locked.order_by(SERIES.c.id).with_for_update())
+    if not locked:
+        lock_series(db, {series_id for series_id, _rank in columns})
     written = chunks.write(db, columns, samples=True)
-    _log_recent(db, written)
+    if log:
+        log_recent(db, written)
     return written
 
 
-def _log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
+def log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
     """Logs the points just added, one row per (series, rank), numbered on from the log's last point; forgets all
     but the newest RECENT_POINTS. Stored uncompressed: the log is small, and only kept a while.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import Table, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -13,16 +13,33 @@ from app.core.models import RunRank
 RANKS: Table = RunRank.__table__  # type: ignore[assignment]
 
 
-def upsert_heartbeat(db: Session, *, run_id: int, rank: int, host: str, step: int, at: datetime) -> None:
-    """Records that `rank` of the run was at `step` on `host` at `at`, replacing what it said before."""
+def upsert_heartbeats(db: Session, *, run_id: int, beats: list[tuple[int, str, int]], at: datetime) -> None:
+    """Records that each (rank, host, step) of the run was there at `at`, replacing what each said before: one
+    executemany upsert, whatever the number of ranks (a node's relay brings them all in one batch)."""
     dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
-    values = {"host": host, "step": step, "heartbeat_at": at}
-    statement = dialect.insert(RANKS).values(run_id=run_id, rank=rank, **values)
-    db.execute(statement.on_conflict_do_update(index_elements=["run_id", "rank"], set_=values))
+    # One row per rank: PostgreSQL refuses a statement that would update one row twice. The last word wins.
+    rows = {rank: {"run_id": run_id, "rank": rank, "host": host, "step": step, "heartbeat_at": at}
+            for rank, host, step in beats}  # fmt: skip
+    statement = dialect.insert(RANKS)
+    new = statement.excluded
+    db.execute(
+        statement.on_conflict_do_update(
+            index_elements=["run_id", "rank"],
+            set_={"host": new.host, "step": new.step, "heartbeat_at": new.heartbeat_at},
+        ),
+        list(rows.values()),
+    )
 
 
 # Built once: the supervisor reads each running run's ranks twice a second (bench/supervisor_tick.py).
 _RANK_ROWS = select(RunRank).where(RunRank.run_id == bindparam("run_id")).order_by(RunRank.rank)
+
+
+def silent_count(db: Session, *, run_id: int, before: datetime) -> tuple[int, int]:
+    """How many ranks the run has, and how many of them last sent a heartbeat before `before`: one aggregate."""
+    silent = func.coalesce(func.sum(case((RunRank.heartbeat_at < before, 1), else_=0)), 0)
+    ranks, quiet = db.execute(select(func.count(), silent).where(RunRank.run_id == run_id)).one()
+    return int(ranks), int(quiet)
 
 
 def rank_rows(db: Session, *, run_id: int) -> list[RunRank]:

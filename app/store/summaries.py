@@ -1,19 +1,21 @@
 """Each series' summary for the runs table: its last value, min and max, kept up to date on ingest.
 
-Recomputed rather than merged, like the chart tiers, so a re-sent batch changes nothing: the min, max and highest step
-come from the coarsest tier (app.store.charts), whose buckets together hold every point of the series, so the
-read is a few rows per series however long it is; the last value, the lowest rank's at the highest step, is in the
-tier row that holds that step.
+Ingest merges the points it added (`merge`): min and max as min and max, the highest step as the higher; the last
+value, the lowest rank's at the highest step, is read from the coarsest tier's row that holds that step (merged just
+before), one row, where recomputing read every rank's rows. Only new points are merged, so a re-sent batch changes
+nothing. `refresh` recomputes from the coarsest tier (app.store.charts), whose buckets together hold every point of
+the series, for a store being built (migrations).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.store.charts import TIERS
+from app.store.chunks import Written
 
 _REFRESH = text(
     "INSERT INTO metric_summaries (series_id, run_id, key, last_step, last_value, min_value, max_value)"
@@ -35,3 +37,46 @@ def refresh(db: Session, series_ids: Iterable[int]) -> None:
     params = [{"series_id": series_id, "tier": TIERS[-1]} for series_id in sorted(set(series_ids))]
     if params:
         db.execute(_REFRESH, params)
+
+
+# The last value: the lowest rank's at the highest step, read from the coarsest tier's row holding that step (merged
+# just before); taken when the added points reach the summary's highest step, else the summary's own stays.
+_LAST_VALUE = (
+    "(SELECT l.last_value FROM metric_tiers l WHERE l.series_id = :series_id AND l.tier = :tier"
+    " AND l.bucket = :bucket AND l.last_step = :last_step ORDER BY l.rank LIMIT 1)"
+)
+_MERGE = text(
+    "INSERT INTO metric_summaries (series_id, run_id, key, last_step, last_value, min_value, max_value)"
+    f" SELECT s.id, s.run_id, s.key, :last_step, {_LAST_VALUE}, :min_value, :max_value"
+    " FROM metric_series s WHERE s.id = :series_id"
+    " ON CONFLICT (series_id) DO UPDATE SET"
+    " min_value = CASE WHEN metric_summaries.min_value IS NULL OR excluded.min_value < metric_summaries.min_value"
+    "  THEN excluded.min_value ELSE metric_summaries.min_value END,"
+    " max_value = CASE WHEN metric_summaries.max_value IS NULL OR excluded.max_value > metric_summaries.max_value"
+    "  THEN excluded.max_value ELSE metric_summaries.max_value END,"
+    " last_value = CASE WHEN excluded.last_step >= metric_summaries.last_step THEN excluded.last_value"
+    "  ELSE metric_summaries.last_value END,"
+    " last_step = CASE WHEN excluded.last_step > metric_summaries.last_step THEN excluded.last_step"
+    "  ELSE metric_summaries.last_step END"
+)
+
+
+def merge(db: Session, written: Sequence[Written]) -> None:
+    """Merges the chunks' added points into their series' summaries (ingest's way: no read of every rank's rows);
+    call it after merging them into the tiers (app.store.charts.merge_tiers), in the same transaction."""
+    import numpy as np
+
+    added: dict[int, list[Written]] = {}
+    for chunk in written:
+        if chunk.added.any():
+            added.setdefault(chunk.series_id, []).append(chunk)
+    params = []
+    for series_id, parts in sorted(added.items()):
+        values = np.concatenate([chunk.merged.values[chunk.added] for chunk in parts])
+        top = max(int(chunk.merged.steps[chunk.added][-1]) for chunk in parts)
+        low, high = np.fmin.reduce(values), np.fmax.reduce(values)
+        params.append({"series_id": series_id, "tier": TIERS[-1], "bucket": top // TIERS[-1], "last_step": top,
+                       "min_value": None if low != low else float(low),
+                       "max_value": None if high != high else float(high)})  # fmt: skip
+    if params:
+        db.execute(_MERGE, params)

@@ -20,7 +20,7 @@ from app.core.folders import RunFolders
 from app.core.settings import Settings
 from app.launcher.launchers import Launchers
 from app.launcher.local import LocalLauncher
-from app.services.metrics import IngestCounters
+from app.services.ingest_totals import IngestTotals
 
 
 async def get_db(request: Request) -> AsyncIterator[Session]:
@@ -45,7 +45,7 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-async def get_ingest_counters(request: Request) -> IngestCounters:
+async def get_ingest_counters(request: Request) -> IngestTotals:
     return request.app.state.ingest_counters
 
 
@@ -63,4 +63,4 @@ FoldersDep = Annotated[RunFolders, Depends(get_folders)]
 LaunchersDep = Annotated[Launchers, Depends(get_launchers)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 CallerDep = Annotated[Caller, Depends(get_caller)]
-IngestCountersDep = Annotated[IngestCounters, Depends(get_ingest_counters)]
+IngestCountersDep = Annotated[IngestTotals, Depends(get_ingest_counters)]

@@ -3,7 +3,8 @@
 Each try is bounded: connecting, sending, and reading the status line and headers each wait at most
 alert_timeout_s (the body is never read). A redirect is refused, never followed, so a webhook cannot send the alert on
 to a host the admin did not name; proxies in the environment are not used. What each try gave is kept on its
-delivery (app.services.alerts.record_attempt), so a restarted server goes on with what was still pending.
+delivery (app.services.alerts.record_attempt), so a restarted server goes on with what was still pending. Of several
+server processes, only the supervisor's lease holder sends (given its lease), so no alert goes out twice.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.models import utcnow
 from app.core.settings import Settings, Webhook
 from app.services import alerts
+from app.workers.lease import Lease
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0  # how often pending retries are looked for when no tick wakes the thread
@@ -25,8 +27,8 @@ RETRIED_STATUSES = frozenset({408, 425, 429})  # and every 5xx: the receiver may
 
 
 class AlertSender:
-    def __init__(self, sessions: sessionmaker[Session], settings: Settings) -> None:
-        self.sessions, self.settings = sessions, settings
+    def __init__(self, sessions: sessionmaker[Session], settings: Settings, *, lease: Lease | None = None) -> None:
+        self.sessions, self.settings, self.lease = sessions, settings, lease
         self.webhooks: dict[str, Webhook] = {alerts.webhook_label(w): w for w in settings.alert_webhooks}
         self._stop, self._wake = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankboard-alerts", daemon=True)
@@ -50,13 +52,18 @@ class AlertSender:
         with self.sessions() as db:
             due = alerts.due(db, now=utcnow())
         for delivery_id, label, body in due:
-            if self._stop.is_set():
+            if self._stop.is_set() or not self.may_send:
                 break
             error, status, retry = self._post(label, body)
             with self.sessions() as db:
                 alerts.record_attempt(db, delivery_id=delivery_id, error=error, http_status=status, retry=retry,
                                       settings=self.settings, now=utcnow())  # fmt: skip
         return len(due)
+
+    @property
+    def may_send(self) -> bool:
+        """Whether this process sends: it holds the supervisor's lease, or it was given none (one process)."""
+        return self.lease is None or self.lease.held
 
     def _post(self, label: str, body: str) -> tuple[str | None, int | None, bool]:
         webhook = self.webhooks.get(label)
@@ -70,7 +77,8 @@ class AlertSender:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.send_due()
+                if self.may_send:
+                    self.send_due()
             except Exception:  # a locked database: try again on the next wake
                 log.exception("sending alerts failed; trying again")
             self._wake.wait(POLL_S)

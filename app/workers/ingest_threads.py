@@ -1,4 +1,5 @@
-"""The threads that take trainers' batches, at a niceness of their own (RANKBOARD_INGEST_NICE).
+"""The threads that parse trainers' batches, at a niceness of their own (RANKBOARD_INGEST_NICE); the ingest writer
+(app.workers.ingest_writer) stores them, at the same niceness.
 
 Where the dashboard shares a node with training, its ingest competes with the trainer for the CPU. On Linux niceness
 belongs to a thread, so these threads can yield to training while the pages' threads keep theirs; and the supervisor's
@@ -17,7 +18,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-WORKERS = 8  # SQLite takes one writer at a time; PostgreSQL is given a few batches at once
+WORKERS = 8  # parsing only: a batch of 10,000 points takes a few ms, and posts come from many nodes at once
 
 
 class IngestThreads:

@@ -2,6 +2,10 @@
 
 It reads everything from the database and /proc on each tick, so a restarted server picks up the runs that
 outlived it: still alive, they are watched again; ended, they are finished from their recorded exit code.
+
+Of several server processes on one database (`rankboard serve --workers N`), only the one holding the supervisor's
+lease ticks (and sends alerts); each tick renews it, and the others try to take it on each of theirs, so one takes
+over within LEASE_TICKS ticks of the holder's death. A single process takes it at once.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from app.launcher.launchers import Launchers
 from app.services.alerts import AlertRules
 from app.services.lifecycle import tick
 from app.workers.alert_sender import AlertSender
+from app.workers.lease import SUPERVISOR as SUPERVISOR_LEASE
+from app.workers.lease import Lease
 
 log = logging.getLogger(__name__)
+LEASE_TICKS = 10  # the lease outlives this many ticks: a slow tick (a busy database) must not hand it over
 
 
 class Supervisor:
@@ -33,6 +40,7 @@ class Supervisor:
         stall_after: float,
         alert_rules: AlertRules | None = None,
         alert_sender: AlertSender | None = None,
+        lease: Lease | None = None,
     ):
         self.sessions = sessions
         self.launchers = launchers
@@ -41,6 +49,7 @@ class Supervisor:
         self.grace = timedelta(seconds=grace)
         self.stall_after = timedelta(seconds=stall_after)
         self.alert_rules, self.alert_sender = alert_rules, alert_sender
+        self.lease = lease or Lease(sessions, name=SUPERVISOR_LEASE, ttl_s=interval * LEASE_TICKS)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankboard-supervisor", daemon=True)
 
@@ -54,6 +63,10 @@ class Supervisor:
         self._thread.join(timeout=10)
         if self.alert_sender is not None:
             self.alert_sender.stop()
+        try:
+            self.lease.release()  # another process supervises at once, not after the lease expires
+        except Exception:  # a database already gone: the lease expires by itself
+            log.exception("releasing the supervisor lease failed")
 
     def tick(self) -> None:
         with self.sessions() as db:
@@ -65,7 +78,8 @@ class Supervisor:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                self.tick()
+                if self.lease.renew():
+                    self.tick()
             except Exception:  # one bad tick (a locked database, a full disk) must not end supervision
                 log.exception("supervisor tick failed; trying again")
             self._stop.wait(self.interval)

@@ -26,6 +26,10 @@ A batch may also carry, each optional:
     "heartbeat": {"rank": 5, "host": "gpu-node-3", "step": 1200}
 
     "ended": {"rank": 5, "host": "gpu-node-3", "how": "failed", "error": "ValueError: ..."}
+    "heartbeats": [{"rank": 5, ...}, {"rank": 6, ...}], "endings": [{"rank": 5, ...}]
+
+A node's relay (rankboard.relay) posts its ranks' batches as one: their columns concatenated, their heartbeats and
+endings in the lists (each at most MAX_RANKS_PER_BATCH); the singular fields are what one rank sends on its own.
 
 `node` is the inventory of the node whose local rank 0 samples its GPUs (`rankboard.gpu`), sent when it changes;
 `nvml_error` says why a node samples CPU and memory instead (then `gpus` is empty). The server keeps one per host
@@ -167,6 +171,7 @@ MAX_RANK = 1_000_000
 MAX_POINTS_PER_BATCH = 10_000
 MAX_HOST_LENGTH = 100  # a host name in keys and inventories; keeps the longest GPU key well under MAX_KEY_LENGTH
 MAX_GPUS_PER_NODE = 64
+MAX_RANKS_PER_BATCH = 4 * MAX_GPUS_PER_NODE  # heartbeats (and endings) in one batch: a node's ranks, relayed as one
 MAX_NVML_ERROR_LENGTH = 500
 
 # A node's GPU samples: `gpu/<host>/<index>/<field>`, the index as NVML numbers the GPU on that host. Each field
@@ -322,6 +327,8 @@ class Batch:
     heartbeat: Heartbeat | None = None
     ended: Ended | None = None
     columns: tuple[Column, ...] = ()
+    heartbeats: tuple[Heartbeat, ...] = ()  # several ranks' (a node's relay); at most MAX_RANKS_PER_BATCH
+    endings: tuple[Ended, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The batch as a JSON object; with columns, NaN and infinities in them stay floats (json.dumps writes them
@@ -337,6 +344,10 @@ class Batch:
             body["heartbeat"] = asdict(self.heartbeat)
         if self.ended is not None:
             body["ended"] = asdict(self.ended)
+        if self.heartbeats:
+            body["heartbeats"] = [asdict(beat) for beat in self.heartbeats]
+        if self.endings:
+            body["endings"] = [asdict(ending) for ending in self.endings]
         return body
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
@@ -18,6 +19,7 @@ from app.schemas.logs import RankOutput
 from app.schemas.metrics import BatchIn, IngestResult, SeriesOut
 from app.schemas.runs import BestMetric, JoinIn, JoinOut, RunCreate, RunDetail, RunPage
 from app.services import checkpoints, external, files, health, metrics, nodes, runs, runs_table
+from app.services.metrics import Post
 from app.store import runs_table_query as run_query
 from app.web.api import UNREADABLE_BODY, documented, request_body
 from app.web.deps import (
@@ -158,18 +160,14 @@ def _is_utf8(body: bytes) -> bool:
              responses={**documented(InvalidToken, RunNotFound, RunNotActive), **UNREADABLE_BODY},
              openapi_extra=request_body(BatchIn), summary="Ingest a trainer's batch (idempotent)")  # fmt: skip
 async def ingest(run_id: RunId, request: Request, token: Annotated[str, Depends(trainer_token)]) -> Response:
-    """Parsed and stored on the ingest threads (app.workers.ingest_threads), which may yield the CPU to training, in a
-    session of their own. Every rank posts here each second or two, so the route asks FastAPI for nothing it can
-    take from the app itself: each dependency, and the check of a returned model, cost the event loop's thread
-    CPU at every post (bench/post_cost.py)."""
+    """Parsed on the ingest threads (app.workers.ingest_threads), which queue it for the ingest writer: it stores the
+    batches that came meanwhile in one transaction (app.workers.ingest_writer); both may yield the CPU to training.
+    Every rank posts here each second or two, so the route asks FastAPI for nothing it can take from the app itself:
+    each dependency, and the check of a returned model, cost the event loop's thread CPU at every post
+    (bench/post_cost.py)."""
     state, body = request.app.state, await request.body()
-
-    def take() -> IngestResult:
-        with state.sessions() as db:
-            batch = parse_batch(body)
-            return metrics.ingest(db, run_id=run_id, token=token, batch=batch, counters=state.ingest_counters)
-
-    result = await state.ingest_threads.run(take)
+    stored = await state.ingest_threads.run(lambda: state.ingest_writer.submit(Post(run_id, token, parse_batch(body))))
+    result = await asyncio.wrap_future(stored)
     return Response(result.model_dump_json(exclude_defaults=True), media_type="application/json")
 
 

@@ -1,0 +1,187 @@
+"""The ingest writer: batches posted at once are stored in groups, one transaction each, every point exactly once; a
+batch refused in a group gets its own answer while the others are stored; the chart tiers and summaries merged per
+group are what a rebuild from the points gives; the series ids it keeps follow a deleted run's id to the new run that
+gets it."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from rankboard import wire
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from app.core.models import RunStatus, utcnow
+from app.core.settings import Settings
+from app.main import create_app
+from app.schemas.metrics import BatchIn, IngestResult
+from app.services import metrics
+from app.services.metrics import Post
+from app.store import charts as chart_store
+from app.store import chunks
+from app.store import summaries as summary_store
+from app.store.metrics import SeriesIds
+from tests.app.conftest import TOKEN, post, running_run, series
+from tests.live import LiveServer, open_run, points, set_run
+from tests.postgres import new_database, postgres_bin, postgres_server
+
+SENDERS = 8
+BATCHES = 12  # each sender's own, every one posted twice (a retry) and a third time by another sender
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (scripts/test installs it)")
+    with postgres_server() as admin_dsn:
+        yield new_database(admin_dsn)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveServer]:
+    database = {"RANKBOARD_DATABASE_URL": request.getfixturevalue("postgres_url")} if request.param != "sqlite" else {}
+    live = LiveServer(tmp_path, RANKBOARD_SUPERVISE_INTERVAL_S="3600", **database)
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()
+
+
+def body(sender: int, number: int) -> dict:
+    """A node's batch: its GPU sample and its rank's step time at one step, and rank 0's loss there too."""
+    step = number + 1
+    columns = [wire.Column(f"gpu/node-{sender}/0/util", sender, [1_700_000_000 + step], [50.0 + step], [1.7e9]),
+               wire.Column("rank/step_ms", sender, [step], [100.0 + sender], [1.7e9]),
+               wire.Column("loss", 0, [step], [1.0 / step], [1.7e9])]  # fmt: skip
+    beat = wire.Heartbeat(sender, f"node-{sender}", step)
+    return wire.Batch(columns=tuple(columns), heartbeat=beat).to_json()
+
+
+def send_all(server: LiveServer, run_id: int, ended: int) -> tuple[list[int], list[int], int]:
+    """Every sender's batches from threads at once, each twice and once more by the next sender; one sender also
+    posts into the ended run and with a wrong token. Returns the statuses, and each 200's `stored`, and the count
+    of distinct points sent."""
+    statuses: list[int] = []
+    stored: list[int] = []
+    start = threading.Barrier(SENDERS)
+
+    def sender(me: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            start.wait()
+            for number in range(BATCHES):
+                for owner in (me, me, (me + 1) % SENDERS):
+                    answer = client.post(f"/api/runs/{run_id}/metrics", json=body(owner, number),
+                                         headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+                    statuses.append(answer.status_code)
+                    stored.append(answer.json()["stored"] if answer.status_code == 200 else 0)
+                if me == 0 and number == BATCHES // 2:
+                    for target, token in ((ended, TOKEN), (run_id, "not-the-token")):
+                        answer = client.post(f"/api/runs/{target}/metrics", json=body(me, number),
+                                             headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+                        statuses.append(answer.status_code)
+
+    threads = [threading.Thread(target=sender, args=(me,)) for me in range(SENDERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    distinct = SENDERS * BATCHES * 2 + BATCHES  # a GPU sample and a step time per batch; the loss per step
+    return statuses, stored, distinct
+
+
+def test_batches_posted_at_once_are_stored_exactly_once_and_a_refused_one_gets_its_own_answer(
+    server: LiveServer,
+) -> None:
+    run_id, ended = open_run(server, TOKEN), open_run(server, TOKEN)
+    set_run(server, ended, status=RunStatus.succeeded, finished_at=utcnow())
+    statuses, stored, distinct = send_all(server, run_id, ended)
+    assert sorted(statuses) == sorted([200] * SENDERS * BATCHES * 3 + [401, 409])
+    assert sum(stored) == distinct  # each point stored by one batch, counted by that batch's answer only
+    with server.api() as api:
+        steps = [(p["step"], p["rank"]) for p in points(api, run_id, "rank/step_ms")]
+        assert steps == sorted((n + 1, me) for n in range(BATCHES) for me in range(SENDERS))
+        assert [p["step"] for p in points(api, run_id, "loss")] == list(range(1, BATCHES + 1))
+        for me in range(SENDERS):
+            assert len(points(api, run_id, f"gpu/node-{me}/0/util")) == BATCHES
+        assert points(api, ended, "loss") == []
+        chart = api.get(f"/api/runs/{run_id}/chart", params={"key": "loss", "width": 100}).json()
+        assert chart["end_step"] == BATCHES
+        ranks = {rank["rank"]: rank["step"] for rank in api.get(f"/api/runs/{run_id}/ranks").json()}
+        assert ranks == {me: BATCHES for me in range(SENDERS)}
+
+
+def test_a_new_run_that_gets_a_deleted_runs_id_gets_series_of_its_own(client: TestClient) -> None:
+    first = running_run(client, "first")
+    batch = {"points": [{"key": key, "step": 1, "value": 1.0, "time": 1.0} for key in ("loss", "val_loss")]}
+    assert post(client, first, batch).status_code == 200
+    with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+        db.execute(text("UPDATE runs SET status = 'succeeded' WHERE id = :r"), {"r": first})
+    assert client.delete(f"/api/runs/{first}").status_code == 200
+    second = running_run(client, "second")
+    assert second == first  # SQLite gives the deleted run's id to the next: the ids kept for it must not be used
+    answer = post(client, second, {"points": [{"key": "loss", "step": 7, "value": 2.0, "time": 1.0}]})
+    assert answer.status_code == 200 and answer.json()["stored"] == 1
+    assert series(client, second) == [(7, 0, 2.0)]
+    assert client.get(f"/api/runs/{second}/metrics").json() == ["loss"]
+    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+        orphans = db.scalar(text("SELECT COUNT(*) FROM metric_chunks WHERE series_id NOT IN"
+                                 " (SELECT id FROM metric_series)"))  # fmt: skip
+    assert orphans == 0
+
+
+def stored_aggregates(db: Session) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    tiers = db.execute(text("SELECT * FROM metric_tiers ORDER BY series_id, tier, bucket, rank")).all()
+    summaries = db.execute(text("SELECT * FROM metric_summaries ORDER BY series_id")).all()
+    return [tuple(row) for row in tiers], [tuple(row) for row in summaries]
+
+
+def shuffled_posts(rng: random.Random, run_id: int) -> list[Post]:
+    """Batches of two keys and three ranks over 40,000 steps, out of order, some sent twice, with NaN and ties."""
+    posts = []
+    for first in rng.sample(range(0, 40_000, 500), 80):
+        steps = sorted(rng.sample(range(first, first + 500), 200))
+        columns = [{"key": key, "rank": rank, "steps": steps, "times": [1.7e9 + s for s in steps],
+                    "values": [math.nan if rng.random() < 0.02 else round(rng.gauss(0, 1), 2) for _ in steps]}
+                   for key in ("loss", "gpu/util") for rank in range(3)]  # fmt: skip
+        posts.append(Post(run_id, TOKEN, BatchIn.model_validate({"columns": columns})))
+    return posts + rng.sample(posts, 20)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_tiers_and_summaries_merged_per_group_are_what_a_rebuild_from_the_points_gives(
+    request: pytest.FixtureRequest, database: str, tmp_path: Path
+) -> None:
+    url = request.getfixturevalue("postgres_url") if database == "postgresql" else None
+    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared", database_url=url,
+                        supervise_interval_s=3600)  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        run_id = running_run(client)
+        posts, rng = shuffled_posts(random.Random(39), run_id), random.Random(4)
+        cache = SeriesIds()
+        with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+            while posts:  # groups of 1 to 30 posts, as the writer takes what came meanwhile
+                group = posts[: rng.randint(1, 30)]
+                posts = posts[len(group) :]
+                assert all(isinstance(o, IngestResult) for o in metrics.ingest_group(db, group, series=cache))
+        sessions = client.app.state.sessions  # type: ignore[attr-defined]
+        with sessions() as db:
+            merged = stored_aggregates(db)
+        with sessions() as db:
+            with db.begin():
+                db.execute(text("DELETE FROM metric_tiers"))
+                db.execute(text("DELETE FROM metric_summaries"))
+                rows = db.execute(text("SELECT series_id, rank, n, data FROM metric_chunks")).all()
+                every = [chunks.Written(s, rank, chunks.decode(data, n), np.ones(n, bool)) for s, rank, n, data in rows]
+                chart_store.refresh_tiers(db, every)
+                summary_store.refresh(db, {chunk.series_id for chunk in every})
+            assert stored_aggregates(db) == merged
