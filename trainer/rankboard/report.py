@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
-from . import external, forensics, offline, wire
+from . import external, forensics, offline, relay, wire
 from .offline import RankFiles  # by name: Reporter's `offline` argument hides the module there
 
 _REQUEST_TIMEOUT_S = 5.0
@@ -379,10 +379,12 @@ class Reporter:
         start: bool = True,
         join: wire.Join | None = None,
         offline: bool = False,
+        relay_spot: relay.Spot | None = None,
     ) -> None:
         """`run_id` None: a run launched elsewhere, which the thread joins with `join` and `token` (the user's API
         token) before its first post. `offline`: it never posts, every batch goes to the spool, which with the join
-        request and this process's ending is what `rankboard sync` uploads (rankboard.offline)."""
+        request and this process's ending is what `rankboard sync` uploads (rankboard.offline). `relay_spot`: its
+        node's relay (rankboard.relay), which local rank 0 runs and the others post through."""
         if not 1 <= max_batch <= wire.MAX_POINTS_PER_BATCH:
             raise ValueError(f"max_batch must be in 1..{wire.MAX_POINTS_PER_BATCH}, got {max_batch}")
         self._rank, self._flush_interval, self._max_batch = rank, flush_interval, max_batch
@@ -405,6 +407,9 @@ class Reporter:
         self._url, self._api_token, self._join = url if offline else checked_url(url), token, join
         self._offline = offline
         self._connection = IngestConnection(url, run_id, token) if run_id is not None else None
+        self._ingest = (run_id, token)  # the run and its ingest token: the relay's own connection's, once known
+        self._relay_spot = None if offline else relay_spot
+        self._relay: relay.Relay | relay.RelayClient | None = None
         if self._connection is None and join is None:
             raise ValueError("a reporter needs a run id, or a join request to get one")
         # A run launched elsewhere: the server's stop request, and how this process ended (wire.ENDINGS).
@@ -441,8 +446,10 @@ class Reporter:
             return None
         spool_dir = environ.get(wire.ENV_RUN_DIR) or os.path.join(tempfile.gettempdir(), f"rankboard-{run_id}")
         flush, beat = _intervals(environ)
-        return cls(url, run_id, environ.get(wire.ENV_TOKEN, ""), spool_dir, rank=int(environ.get("RANK", "0")),
-                   flush_interval=flush, heartbeat_interval=beat)  # fmt: skip
+        token = environ.get(wire.ENV_TOKEN, "")
+        spot = relay.spot_from_env(environ, token=token, run_key=f"{run_id}/{environ.get(wire.ENV_LAUNCH_ID, '')}")
+        return cls(url, run_id, token, spool_dir, rank=int(environ.get("RANK", "0")), flush_interval=flush,
+                   heartbeat_interval=beat, relay_spot=spot)  # fmt: skip
 
     def stop_requested(self) -> bool:
         """Whether the dashboard asked this run (launched elsewhere, with takes_stop) to stop."""
@@ -588,10 +595,17 @@ class Reporter:
 
     def _run(self) -> None:
         while not self._closed:
-            self._wake.wait(self._flush_interval)
+            self._wake.wait(self._pause())
             self._wake.clear()
             self._guarded(self._tick)
         self._guarded(self._flush_all)
+
+    def _pause(self) -> float:
+        """Until the next tick: with a relay, at the next multiple of the interval on the node's clock, so that the
+        node's ranks post at once and the relay's window gathers them all into one post."""
+        if self._relay_spot is None:
+            return self._flush_interval
+        return self._flush_interval - time.time() % self._flush_interval
 
     def _guarded(self, work: Callable[[], None]) -> None:
         # Training must outlive any bug in here; the same error is reported once, not at every tick.
@@ -615,7 +629,7 @@ class Reporter:
                 batch = self._take_batch(due)
                 due -= len(batch)
                 self._deliver(batch)
-        elif time.monotonic() - self._last_attempt >= self._heartbeat_interval and not self._spool.pending:
+        elif self._heartbeat_due(self._last_attempt) and not self._spool.pending:
             self._deliver([])
         if self._aside.due() and self._takes_batches():
             self._aside.retry(self._post_again)  # only while the server takes the rest: then a failure counts
@@ -639,6 +653,8 @@ class Reporter:
             self._aside.retry(self._post_again, counted=False)  # this process's last go; the file keeps the rest
         if self._connection is not None:
             self._connection.close()
+        if self._relay is not None:
+            self._relay.close()
         if self._join is not None:
             self._leave_for_sync()
 
@@ -736,7 +752,7 @@ class Reporter:
         if self._connection is None and (joined := self._join_run()) is not Outcome.ACCEPTED:
             return joined
         assert self._connection is not None
-        status, detail, reply = self._connection.post(body)
+        status, detail, reply = self._relayed(body) or self._connection.post(body)
         outcome = outcome_of(status)
         if not (quiet and outcome.keeps):
             self._note(outcome, status, detail)
@@ -746,12 +762,33 @@ class Reporter:
             self._guarded(lambda: self._answer_dump(reply))  # the batch was taken whatever becomes of the dump
         return outcome
 
+    def _relayed(self, body: bytes) -> relay.Answer | None:
+        """The server's answer to a batch sent through the node's relay; None: there is none to use now."""
+        spot = self._relay_spot
+        if spot is None:
+            return None
+        if self._relay is None:
+            self._relay = self._open_relay(spot)
+        return self._relay.post(body)
+
+    def _open_relay(self, spot: relay.Spot) -> relay.Relay | relay.RelayClient:
+        """Local rank 0 runs its node's relay, on a connection of its own; the other ranks (and a local rank 0 whose
+        address is taken) post through it."""
+        run_id, token = self._ingest
+        if spot.local_rank == 0 and run_id is not None:
+            window = min(0.25 * self._flush_interval, 0.5)
+            serving = relay.Relay(spot, IngestConnection(self._url, run_id, token).post, window=window)
+            if serving.start():
+                return serving
+        return relay.RelayClient(spot)
+
     def _join_run(self) -> Outcome:
         """Joins the run of this process's job (launched elsewhere); the ingest connection is then the run's."""
         assert self._join is not None
         status, joined, detail = external.join(self._url, self._api_token, self._join)
         if joined is not None:
             self._connection = IngestConnection(self._url, joined.run_id, joined.token)
+            self._ingest = (joined.run_id, joined.token)
             _stderr(f"[rank {self._rank}] reporting into run {joined.run_id} ({self._join.key})")
             with contextlib.suppress(OSError):  # what an earlier process of this rank left for a sync is stale now
                 self._files.forget()
@@ -801,11 +838,18 @@ class Reporter:
         step = self._beat_step
         if step is None or step == self._delivered_beat_step:
             return node, None
-        if time.monotonic() - self._beat_sent_at < self._heartbeat_interval:
+        if not self._heartbeat_due(self._beat_sent_at):
             return node, None
         if type(step) is not int or not 0 <= step <= wire.MAX_STEP:
             step = self._good_step("heartbeat", step)
         return node, None if step is None else wire.Heartbeat(self._rank, self._host, step)
+
+    def _heartbeat_due(self, since: float) -> bool:
+        """Whether a heartbeat interval has passed since `since`. With a relay, ticks fall on the interval's grid and
+        each post waits out the relay's window: half a tick's slack keeps heartbeats on every other grid tick (2 s),
+        where an exact comparison would push each to the tick after (3 s)."""
+        slack = self._flush_interval / 2 if self._relay_spot is not None else 0.0
+        return time.monotonic() - since >= self._heartbeat_interval - slack
 
     def _progress_due(self) -> wire.Progress | None:
         """The progress the next batch carries: one given whole on every batch, one made from fields only when it
@@ -1130,8 +1174,9 @@ def _external_reporter(
         spool_dir = _spool_folder(environ, request, mode)
         api_token = token if token is not None else environ.get(wire.ENV_TOKEN, "")
         flush, beat = _intervals(environ)
+        spot = relay.spot_from_env(environ, token=api_token, run_key=request.key)
         return Reporter(url or "", None, api_token, spool_dir, rank=request.rank, flush_interval=flush,
-                        heartbeat_interval=beat, join=request, offline=mode == "offline")  # fmt: skip
+                        heartbeat_interval=beat, join=request, offline=mode == "offline", relay_spot=spot)  # fmt: skip
     except Exception as error:  # a bad URL or environment must not stop the training
         _stderr(f"cannot report metrics: {error}")
         return None

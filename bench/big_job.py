@@ -1,0 +1,358 @@
+"""A big DDP job's reporting against one real server: N nodes x G GPUs posting for a fixed time, as the client posts.
+
+    .venv/bin/python -m bench.big_job [--nodes 128] [--gpus 8] [--seconds 60] [--db sqlite|postgres] [--workers N]
+                                      [--posts per-rank|per-node] [--profile out.txt]
+
+A real `rankboard serve` (tests/live.py's environment, supervisor ticking twice a second) with one run opened as the
+launcher leaves it. Every second each node posts what its processes report, each body built by the client's own
+encoder (`rankboard.report.Reporter._encode`) and posted on a kept-alive `rankboard.report.IngestConnection`:
+- its local rank 0's batch: the node's G GPUs x the wire.GPU_FIELDS samples (step = unix second), its inventory on
+  the first post; global rank 0 adds the trainer's metrics (loss, lr, grad_norm, samples_per_s) and its progress;
+- `--posts per-rank` (the client today): each other rank posts its own heartbeat and step times (wire.RANK_TIME_KEYS);
+  `--posts per-node`: each rank's batch encoded by its own reporter, merged as the node's relay merges them
+  (`rankboard.relay.merged`: one post, every rank's heartbeat in its list); with a client that has no relay, one
+  batch of every rank's columns and local rank 0's heartbeat only.
+Steps move on one a second, so no point repeats and nothing dedups. One thread per node; a post that fails is posted
+again, as the client does (the server stores a point once).
+
+A separate thread reads the run page's live points stream (`/runs/<id>/stream?parts=points`, watching the loss, one
+GPU's utilization and the rank step times) and notes, per point, the time from the start of its post to its arrival.
+
+Printed: posts/s (made of planned), ingest latency p50/p99 (client side), point-to-page p50/p99, the server's CPU in
+cores and RSS (psutil, the server and its worker processes), points stored vs sent. `--profile` records the server
+with py-spy (raw collapsed stacks) for the whole load.
+
+This machine has 2 cores shared with the load generator (a few % of a core) and other work: compare figures only
+between runs taken back to back. `--no-page` leaves the page out (no point-to-page): the ingest alone.
+
+Last measured (2026-11-27, SQLite, 30 s runs, before = f028989 from a worktree, after = issue 39's group-committing
+writer, merged tiers and summaries, cached run and series ids; before and after alternated). On a busy machine
+(load 5-8 from other work): 12x8 per-rank, 96 posts/s both, p50/p99 44/1339 -> 12/209 ms; 24x8 per-rank, 134 of 192
+posts/s made (p99 1.45 s, 71% of the points stored) -> all 192 (p99 556 ms, all stored); 128x8 per-rank, 120 -> 296
+of 1,024 posts/s, both saturated. On a quiet one (load 1-2): 12x8 p99 24 -> 21 ms, 16x8 32 -> 44 ms, 24x8 141 -> 91
+ms, CPU 0.40/0.47/0.73 -> 0.39/0.55/0.71, all stored; 128x8 per-node (the relay's one post per node a second), no
+page, three runs a side: 81, 97, 83 -> 126, 128, 118 of 128 posts/s, p99 3.8-4.0 -> 1.55-1.67 s, 63-76% -> 92-100%
+of the points stored, at 0.9 of a core either way: still saturated. With the run page open, its view
+(app.services.findings.stragglers over 1,024 ranks, rendered each second for the points stream too) took ~45% of
+the server's CPU. Profiles (py-spy) at 128x8 per-node, no page, both
+saturated: before (94 posts/s, 9.6 ms of CPU a post) tiers 32%, chunks' read-merge-write 18%, HTTP and the event
+loop 12%, run lookup 10%, live log 6%, series ids 6%, summaries 4%, commit 3%; after (128 posts/s, 7.1 ms a post)
+chunks 31%, HTTP and the loop 12%, live log 11%, parsing 10%, summaries 10%, tiers 9%, the rest of the group (columns,
+savepoints) 12%, commit 2%, heartbeats 1%, series ids 0.8%, run lookup 0.2%. What is left is per chunk (a node's
+post rewrites 88), numpy's cost per call on small arrays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+from rankboard import wire
+from rankboard.report import IngestConnection, Reporter
+from sqlalchemy import text
+
+from app.core.db import make_engine
+from tests.live import REPO, LiveServer, open_run
+from tests.postgres import new_database, postgres_server
+
+TOKEN = "bench-token"
+METRICS = ("loss", "lr", "grad_norm", "samples_per_s")
+GPU_VALUES = {"util": 97.0, "mem_used": 6.1e10, "mem_total": 8.1e10, "temp": 64.0, "power": 612.5,
+              "power_limit": 700.0, "sm_clock": 1980.0, "run_mem": 5.9e10}  # fmt: skip
+try:
+    from rankboard import relay
+except (ImportError, AttributeError):  # a client before the per-node relay (or its wire, in an older tree)
+    relay = None  # type: ignore[assignment]
+HEARTBEATS = relay is not None
+DRAIN_S = 10.0
+
+
+@dataclass
+class Figures:
+    """What the threads measured: appended to from many threads (list.append holds the GIL)."""
+
+    latencies: list[float] = field(default_factory=list)
+    planned: list[int] = field(default_factory=lambda: [0])
+    sent_points: list[int] = field(default_factory=list)  # of each post made (a retry not counted again)
+    accepted: list[int] = field(default_factory=list)  # of each post the server took
+    errors: list[str] = field(default_factory=list)
+    posted_at: dict[tuple[str, int, int], float] = field(default_factory=dict)  # watched (key, step, rank)
+    delays: list[float] = field(default_factory=list)
+    cpu: list[tuple[float, float]] = field(default_factory=list)  # (monotonic, server CPU seconds so far)
+    rss: list[int] = field(default_factory=list)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+class Node:
+    """One node of the job: its ranks' encoders and connections, and what it posts each second."""
+
+    def __init__(self, index: int, args: argparse.Namespace, url: str, run_id: int, spool: Path) -> None:
+        self.index, self.gpus, self.per_node = index, args.gpus, args.posts == "per-node"
+        self.host = f"node-{index:04d}"
+        self.ranks = range(index * args.gpus, (index + 1) * args.gpus)
+        posters = self.ranks[:1] if self.per_node else self.ranks
+        self.reporters = {rank: Reporter(url, str(run_id), TOKEN, spool, rank=rank, start=False) for rank in posters}
+        self.connections = {rank: IngestConnection(url, str(run_id), TOKEN) for rank in posters}
+        self.inventory: wire.Node | None = wire.Node(
+            self.host, tuple(wire.Gpu(i, f"GPU-{self.host}-{i}", "NVIDIA H100") for i in range(args.gpus))
+        )
+
+    def bodies(self, second: int, step: int, watched: set[str]) -> list[tuple[int, bytes, list[tuple], int]]:
+        """Each poster's (rank, body, watched points, points) for this second."""
+        now = time.time()
+        samples = [(wire.GPU_KEY.format(host=self.host, index=gpu, field=name), second, value + gpu, now, self.ranks[0])
+                   for gpu in range(self.gpus) for name, value in GPU_VALUES.items()]  # fmt: skip
+        bodies = []
+        for rank in self.ranks:  # each rank's own batch, as its reporter encodes it
+            raw = [(key, step, 100.0 + rank % 7 + n, now, rank) for n, key in enumerate(wire.RANK_TIME_KEYS)]
+            raw += samples if rank == self.ranks[0] else []
+            progress = None
+            if rank == 0:
+                raw += [(key, step, 1.0 / (step + 1) + n, now, 0) for n, key in enumerate(METRICS)]
+                progress = wire.Progress(epoch=1, epochs=1, step=step, total_steps=10**9, samples_per_s=4096.0)
+            node, self.inventory = (self.inventory, None) if rank == self.ranks[0] else (None, self.inventory)
+            reporter = self.reporters[self.ranks[0] if self.per_node else rank]
+            body = reporter._encode(raw, progress, node=node, heartbeat=wire.Heartbeat(rank, self.host, step))
+            bodies.append((rank, body, [p for p in raw if p[0] in watched], len(raw)))
+        return self._relayed(bodies) if self.per_node else bodies
+
+    def _relayed(self, bodies: list[tuple[int, bytes, list[tuple], int]]) -> list[tuple[int, bytes, list[tuple], int]]:
+        """The node's batches as its relay posts them (rankboard.relay.merged); where the client has no relay yet,
+        as one batch by hand: every rank's columns, and local rank 0's heartbeat only."""
+        if relay is not None:
+            groups = relay.merged([json.loads(body) for _, body, _, _ in bodies])
+            return [(self.ranks[0], json.dumps(group.body, separators=(",", ":")).encode(),
+                     [p for i in group.members for p in bodies[i][2]], sum(bodies[i][3] for i in group.members))
+                    for group in groups]  # fmt: skip
+        merged = json.loads(bodies[0][1])
+        for _, body, _, _ in bodies[1:]:
+            merged["columns"] += json.loads(body)["columns"]
+        watched = [p for _, _, points, _ in bodies for p in points]
+        return [(self.ranks[0], json.dumps(merged, separators=(",", ":")).encode(), watched, sum(b[3] for b in bodies))]
+
+    def close(self) -> None:
+        for connection in self.connections.values():
+            connection.close()
+
+
+def post(node: Node, rank: int, body: bytes, figures: Figures, until: float) -> bool:
+    """Posts one body until the server takes it (a retry is safe: points are keyed), or the run's time is over."""
+    while time.monotonic() < until:
+        began = time.perf_counter()
+        status, line, _reply = node.connections[rank].post(body)
+        figures.latencies.append(time.perf_counter() - began)
+        if status == 200:
+            return True
+        if status is not None and status < 500 and status != 429:
+            figures.errors.append(f"rank {rank}: {line}")
+            return False
+        time.sleep(0.2)
+    return False
+
+
+def drive(node: Node, start: float, args: argparse.Namespace, figures: Figures, watched: set[str]) -> None:
+    """The node's posts, one round a second from `start` (unix time) for args.seconds, spread over the second."""
+    offset = (node.index / args.nodes) % 1.0
+    until = time.monotonic() + (start - time.time()) + args.seconds + DRAIN_S
+    base = int(start)
+    for second in range(args.seconds):
+        time.sleep(max(0.0, start + second + offset - time.time()))
+        posts = node.bodies(base + second, second + 1, watched)
+        figures.planned[0] += len(posts)
+        for rank, body, points, size in posts:
+            began = time.time()
+            for key, step, _value, _at, point_rank in points:
+                figures.posted_at.setdefault((key, step, point_rank), began)
+            figures.sent_points.append(size)
+            if post(node, rank, body, figures, until):
+                figures.accepted.append(size)
+    node.close()
+
+
+def read_stream(url: str, run_id: int, watched: set[str], figures: Figures, stop: threading.Event) -> None:
+    """The run page's points stream, as EventSource reads it (reconnecting with Last-Event-ID), until `stop`."""
+    last_id: str | None = None
+    params = {"parts": "points", "watch": sorted(watched)}
+    with httpx.Client(base_url=url, timeout=httpx.Timeout(10, read=5.0)) as client:
+        while not stop.is_set():
+            headers = {"Last-Event-ID": last_id} if last_id else {}
+            try:
+                with client.stream("GET", f"/runs/{run_id}/stream", params=params, headers=headers) as response:
+                    event = data = ""
+                    for line in response.iter_lines():
+                        if line.startswith("id: "):
+                            last_id = line[4:]
+                        elif line.startswith("event: "):
+                            event = line[7:]
+                        elif line.startswith("data: "):
+                            data += line[6:]
+                        elif not line:
+                            if event == "points":
+                                _arrived(json.loads(data), figures, time.time())
+                            event = data = ""
+                        if stop.is_set():
+                            return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+
+
+def _arrived(message: dict, figures: Figures, now: float) -> None:
+    for key, series in message["series"].items():
+        for step, rank in zip(series["steps"], series["ranks"], strict=True):
+            posted = figures.posted_at.get((key, step, rank))
+            if posted is not None:
+                figures.delays.append(now - posted)
+
+
+def sample_server(pid: int, figures: Figures, stop: threading.Event) -> None:
+    """The server's CPU seconds and RSS each second, its worker processes included."""
+    server = psutil.Process(pid)
+    while not stop.wait(1.0):
+        try:
+            processes = [server, *server.children(recursive=True)]
+            cpu = sum(sum(p.cpu_times()[:2]) for p in processes)
+            figures.rss.append(sum(p.memory_info().rss for p in processes))
+        except psutil.Error:
+            continue
+        figures.cpu.append((time.monotonic(), cpu))
+
+
+def start_server(root: Path, args: argparse.Namespace, database: dict[str, str]) -> LiveServer:
+    """`rankboard serve` in a subprocess (with `--workers` when asked), once it answers."""
+    server = LiveServer(root, RANKBOARD_SUPERVISE_INTERVAL_S="0.5", **database)
+    log = open(root / "server.log", "ab")  # noqa: SIM115 - closed with the process
+    command = [sys.executable, "-m", "app.cli", "serve", *(["--workers", str(args.workers)] if args.workers else [])]
+    server.process = subprocess.Popen(command, cwd=REPO, env=server.env, stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(600):
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited: {(root / 'server.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{server.url}/api/health", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise TimeoutError("server did not answer within 60 s")
+
+
+def stored_points(url: str, run_id: int) -> int:
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        query = "SELECT SUM(c.n) FROM metric_chunks c JOIN metric_series s ON s.id = c.series_id WHERE s.run_id = :r"
+        count = connection.execute(text(query), {"r": run_id}).scalar() or 0
+    engine.dispose()
+    return int(count)
+
+
+def args_idle() -> bool:
+    return os.environ.get("BIG_JOB_PROFILE_IDLE") == "1"  # threads' waits too: where a post's time goes
+
+
+def start_profiler(pid: int, out: str) -> subprocess.Popen[bytes]:
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    command = [py_spy, "record", "--pid", str(pid), "--output", out, "--format", "raw", "--rate", "50",
+               "--subprocesses", "--nonblocking", *(["--idle"] if args_idle() else [])]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def load(server: LiveServer, run_id: int, args: argparse.Namespace, spool: Path) -> Figures:
+    """Runs the job's reporting for args.seconds, with the stream reader and the sampler beside it."""
+    assert server.process is not None
+    figures, stop = Figures(), threading.Event()
+    watched = {"loss", "rank/step_ms", wire.GPU_KEY.format(host="node-0000", index=0, field="util")}
+    nodes = [Node(i, args, server.url, run_id, spool) for i in range(args.nodes)]
+    start = time.time() + 2.0
+    side = [threading.Thread(target=sample_server, args=(server.process.pid, figures, stop))]
+    if not args.no_page:
+        side.append(threading.Thread(target=read_stream, args=(server.url, run_id, watched, figures, stop)))
+    drivers = [threading.Thread(target=drive, args=(node, start, args, figures, watched)) for node in nodes]
+    profiler = start_profiler(server.process.pid, args.profile) if args.profile else None
+    for thread in side + drivers:
+        thread.start()
+    for thread in drivers:
+        thread.join()
+    time.sleep(3.0)  # the page's stream polls once a second: the last points reach it
+    stop.set()
+    for thread in side:
+        thread.join()
+    if profiler is not None:
+        profiler.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
+        profiler.communicate(timeout=120)
+    return figures
+
+
+def report(figures: Figures, stored: int, args: argparse.Namespace, log: str) -> None:
+    ms, (t0, c0), (t1, c1) = 1000.0, figures.cpu[0], figures.cpu[-1]
+    made = len(figures.accepted)
+    mode = args.posts + (" (heartbeats list)" if args.posts == "per-node" and HEARTBEATS else "")
+    print(f"{args.nodes} nodes x {args.gpus} GPUs, {args.seconds} s, {args.db}, workers {args.workers or 1}, {mode}")
+    print(f"  posts/s              {made / args.seconds:8.1f}   ({made:,} made of {figures.planned[0]:,} planned)")
+    print(f"  ingest latency       p50 {statistics.median(figures.latencies) * ms:8.1f} ms   "
+          f"p99 {percentile(figures.latencies, 0.99) * ms:8.1f} ms")  # fmt: skip
+    if figures.delays:
+        p50, p99 = percentile(figures.delays, 0.5) * ms, percentile(figures.delays, 0.99) * ms
+        print(
+            f"  point to page        p50 {p50:8.0f} ms   p99 {p99:8.0f} ms   ({len(figures.delays):,} watched points)"
+        )
+    else:
+        print("  point to page        not measured (no page open)")
+    print(f"  server CPU           {(c1 - c0) / (t1 - t0):8.2f} cores")
+    print(f"  server RSS           median {statistics.median(figures.rss) / 2**20:6.0f} MiB   "
+          f"max {max(figures.rss) / 2**20:6.0f} MiB")  # fmt: skip
+    print(f"  points stored / sent {stored:,} / {sum(figures.sent_points):,} ({sum(figures.accepted):,} acknowledged)")
+    print(f"  errors               {len(figures.errors)} {figures.errors[:3]}")
+    print(
+        f"  server log: 'database is locked' x{log.count('database is locked')}, tracebacks x{log.count('Traceback')}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=128)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--workers", type=int, default=0, help="passed to `serve --workers`; 0: not passed")
+    parser.add_argument("--posts", choices=("per-rank", "per-node"), default="per-node" if HEARTBEATS else "per-rank")
+    parser.add_argument("--profile", help="py-spy's raw collapsed stacks of the server go here")
+    parser.add_argument("--log", help="the server's log is copied here")
+    parser.add_argument("--no-page", action="store_true", help="no run page open: the ingest alone (no point-to-page)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as root, ExitStack() as stack:
+        database = {}
+        if args.db == "postgres":
+            database["RANKBOARD_DATABASE_URL"] = new_database(stack.enter_context(postgres_server()))
+        server = start_server(Path(root), args, database)
+        try:
+            run_id = open_run(server, TOKEN)
+            spool = Path(root) / "spool"
+            spool.mkdir()
+            figures = load(server, run_id, args, spool)
+        finally:
+            server.stop()
+        if args.log:
+            shutil.copy(Path(root) / "server.log", args.log)
+        url = database.get("RANKBOARD_DATABASE_URL") or f"sqlite:///{Path(root) / 'data' / 'rankboard.db'}"
+        report(figures, stored_points(url, run_id), args, (Path(root) / "server.log").read_text(errors="replace"))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
