@@ -16,9 +16,11 @@ DEFAULT_SHARED_DIR = Path("/mnt/shared")
 # A list setting: from the environment, comma-separated (RANKBOARD_ALLOWED_HOSTS=a.example,b.example).
 Names = Annotated[list[str], NoDecode]
 # What an alert rule may name (app.services.alerts); a straggler needs signals not yet kept.
-AlertCondition = Literal["failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low"]
+AlertCondition = Literal[
+    "failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low", "gpu_fault"
+]  # fmt: skip
 ALERT_CONDITIONS: tuple[AlertCondition, ...] = (
-    "failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low"
+    "failed", "lost", "not_progressing", "non_finite_loss", "succeeded", "disk_low", "gpu_fault"
 )  # fmt: skip
 
 
@@ -202,7 +204,8 @@ class Settings(BaseSettings):
     alert_webhooks: list[Webhook] = Field(
         default_factory=list,
         description='Alert rules as JSON: [{"url": "https://hooks.slack.com/...", "format": "slack", "events": '
-        '["failed", "lost"]}]; events: failed, lost, not_progressing, non_finite_loss, succeeded, disk_low '
+        '["failed", "lost"]}]; events: failed, lost, not_progressing, non_finite_loss, succeeded, disk_low, '
+        "gpu_fault (an Xid, a double-bit ECC error, a row remap pending or failed, a hardware slowdown) "
         "(default: all).",
     )
     alert_disk_free_percent: float = Field(

@@ -26,6 +26,17 @@ class GpuProcessOut(BaseModel):
     run_id: int | None = Field(description="The run the process belongs to; null for anyone else's.")
 
 
+class GpuHealthOut(BaseModel):
+    """What the GPU says of its own health, in words."""
+
+    throttle_reasons: list[str] = Field(description="Why its clocks are held down now (power cap, thermal, ...).")
+    xid: int | None = Field(description="Its newest Xid error since this server began watching it; null for none.")
+    xid_meaning: str | None = Field(description="NVIDIA's meaning of that Xid.")
+    not_supported: list[str] = Field(
+        description="The health readings this GPU does not have (ECC, row remapping, ...)."
+    )
+
+
 class HostGpuOut(BaseModel):
     """One GPU of this server's host, now. A value NVML could not read is null, with the reason in `errors`."""
 
@@ -39,9 +50,31 @@ class HostGpuOut(BaseModel):
     power: float | None = Field(description="Watts.")
     power_limit: float | None = Field(description="Watts.")
     sm_clock: float | None = Field(description="MHz.")
+    ecc_sbe_volatile: float | None = Field(None, description="Single-bit (corrected) ECC errors since driver load.")
+    ecc_dbe_volatile: float | None = Field(None, description="Double-bit (uncorrected) ECC errors since driver load.")
+    ecc_sbe_aggregate: float | None = Field(None, description="Single-bit ECC errors over the GPU's life.")
+    ecc_dbe_aggregate: float | None = Field(None, description="Double-bit ECC errors over the GPU's life.")
+    remap_corrected: float | None = Field(None, description="Rows remapped for correctable errors.")
+    remap_uncorrected: float | None = Field(None, description="Rows remapped for uncorrectable errors.")
+    remap_pending: float | None = Field(None, description="1 while a remap waits for the GPU's reset.")
+    remap_failure: float | None = Field(None, description="1 once a remap failed.")
+    retired_pending: float | None = Field(None, description="1 while a page retirement waits (pre-Ampere GPUs).")
+    throttle: float | None = Field(None, description="NVML's clock-event reasons bitmask.")
+    pcie_replay: float | None = Field(None, description="PCIe replays.")
+    nvlink_replay: float | None = Field(None, description="NVLink replay errors, over all links.")
+    nvlink_recovery: float | None = Field(None, description="NVLink recovery errors, over all links.")
+    nvlink_crc_flit: float | None = Field(None, description="NVLink flit CRC errors, over all links.")
+    nvlink_crc_data: float | None = Field(None, description="NVLink data CRC errors, over all links.")
+    nvlink_ecc_data: float | None = Field(None, description="NVLink data ECC errors, over all links.")
+    energy: float | None = Field(None, description="Joules since the driver loaded.")
+    sm_active: float | None = Field(None, description="GPM: percent of SMs busy since the previous read.")
+    sm_occupancy: float | None = Field(None, description="GPM: percent of warps resident against the maximum.")
+    tensor_active: float | None = Field(None, description="GPM: percent of time any tensor pipe was busy.")
+    dram_bw: float | None = Field(None, description="GPM: percent of DRAM bandwidth used.")
     processes: list[GpuProcessOut]
     held_by: list[GpuHolderOut]
     errors: dict[str, str]
+    health: GpuHealthOut
 
 
 class HostOut(BaseModel):

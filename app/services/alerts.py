@@ -22,7 +22,7 @@ from app.core.errors import RunNotFound
 from app.core.models import Alert, AlertDelivery, Run, RunStatus
 from app.core.settings import ALERT_CONDITIONS, Settings, Webhook
 from app.schemas.alerts import AlertDeliveryOut, AlertsOut, WebhookOut
-from app.services import health, storage
+from app.services import gpu_health, health, storage
 from app.store import alerts as alert_store
 from app.store import health as health_store
 from app.store import metrics as metric_store
@@ -34,6 +34,8 @@ BACKOFF_CAP_S = 60.0
 # A final state is a condition of the run's latest launch: a resumed run that fails again is a new alert.
 FINAL_CONDITIONS = {"failed": RunStatus.failed, "lost": RunStatus.lost, "succeeded": RunStatus.succeeded}
 SERVER_WIDE = "disk_low"
+# The runs whose GPUs' faults raise `gpu_fault`: a failed or lost run too, whose GPU may be why it ended.
+GPU_WATCHED = (RunStatus.running, RunStatus.failed, RunStatus.lost)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ def _run_conditions(db: Session, run: Run, *, wanted: set[str]) -> dict[str, str
     """The conditions that hold for this run now, each with the sentence an alert says."""
     found = {c: f"run {run.id} ({run.name}) {c}: {run.status_reason}"
              for c, status in FINAL_CONDITIONS.items() if run.status == status}  # fmt: skip
+    if "gpu_fault" in wanted and run.status in GPU_WATCHED and (fault := _gpu_fault(db, run)):
+        found["gpu_fault"] = fault
     if run.status != RunStatus.running:
         return found
     if "not_progressing" in wanted:  # what health.record noted on this tick, read back from its events
@@ -105,6 +109,17 @@ def _run_conditions(db: Session, run: Run, *, wanted: set[str]) -> dict[str, str
         if loss is not None and not math.isfinite(loss):
             found["non_finite_loss"] = f"run {run.id} ({run.name}) has a loss of {loss}"
     return found
+
+
+def _gpu_fault(db: Session, run: Run) -> str | None:
+    """The sentence of a GPU fault of the run's latest launch (an Xid, a double-bit ECC error, a row remap pending
+    or failed, a hardware slowdown), the first of them, with how many more; None while its GPUs report none."""
+    since = int(run.started_at.timestamp()) if run.started_at else None
+    found = gpu_health.faults(db, run=run, since=since)
+    if not found:
+        return None
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return f"run {run.id} ({run.name}): {found[0].sentence}{more}"
 
 
 def _relaunched_since(run: Run | None, alert: Alert) -> bool:

@@ -36,6 +36,18 @@ GPU_METRICS = {
     "mem_total": ("rankboard_gpu_memory_total_bytes", "GPU memory in all, newest sample", 1.0),
     "power": ("rankboard_gpu_power_watts", "GPU power draw, newest sample", 1.0),
 }
+# The GPUs' health, where they report it (rankboard.gpu): NVML's own counts, which restart with the driver, so gauges.
+GPU_HEALTH_METRICS = {
+    "ecc_sbe_volatile": ("rankboard_gpu_ecc_corrected_errors", "Single-bit ECC errors since the driver loaded", 1.0),
+    "ecc_dbe_volatile": ("rankboard_gpu_ecc_uncorrected_errors", "Double-bit ECC errors since the driver loaded", 1.0),
+    "remap_pending": ("rankboard_gpu_row_remap_pending", "1 while a memory row remap waits for a GPU reset", 1.0),
+    "remap_failure": ("rankboard_gpu_row_remap_failed", "1 once a memory row remap failed", 1.0),
+    "pcie_replay": ("rankboard_gpu_pcie_replays", "PCIe replays the GPU counted", 1.0),
+    "throttle": ("rankboard_gpu_clocks_event_reasons", "Why the clocks are held down: NVML's bitmask", 1.0),
+    "xid": ("rankboard_gpu_last_xid", "The GPU's newest Xid error number, where it had one", 1.0),
+}
+MAX_GPU_HEALTH_SERIES = 3500  # 500 GPUs, seven health fields each
+FIELDS_EXPORTED = [*GPU_METRICS, *GPU_HEALTH_METRICS]
 RUN_LABELS = ("run_id", "run_name")
 GPU_LABELS = ("run_id", "host", "gpu")
 
@@ -77,7 +89,7 @@ class Snapshot(Collector):
                     [(ls, loss) for ls, r in runs if (loss := self.losses[r.id]) is not None])  # fmt: skip
 
     def _gpu_families(self) -> Iterator[Metric]:
-        for field, (name, help_text, divisor) in GPU_METRICS.items():
+        for field, (name, help_text, divisor) in {**GPU_METRICS, **GPU_HEALTH_METRICS}.items():
             samples = [(_gpu_labels(run_id, key), value / divisor) for run_id, key, value in self.gpus
                        if key.rsplit("/", 1)[1] == field and value is not None]  # fmt: skip
             yield gauge(name, help_text, GPU_LABELS, samples)
@@ -93,7 +105,7 @@ def render(db: Session, *, counters: IngestTotals) -> bytes:
         runs = store.live_runs(db, statuses=LIVE, limit=MAX_RUNS)
         losses = {run.id: metric_store.last_value(db, run_id=run.id, key="loss") for run in runs}
         gpus = store.latest_gpu_samples(
-            db, run_ids=[r.id for r in runs], fields=list(GPU_METRICS), limit=MAX_GPU_SERIES
+            db, run_ids=[r.id for r in runs], fields=FIELDS_EXPORTED, limit=MAX_GPU_SERIES + MAX_GPU_HEALTH_SERIES
         )
     registry = CollectorRegistry()
     registry.register(Snapshot(by_status, runs, losses, gpus, batches, accepted, stored))

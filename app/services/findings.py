@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from app.core.errors import RunNotFound
 from app.core.models import Run
 from app.schemas.forensics import DivergenceOut, FindingsOut, NonFiniteOut, StragglerOut
+from app.services import gpu_health
 from app.store import findings as findings_store
 from app.store import metrics as metric_store
 from app.store import ranks as rank_store
@@ -78,6 +79,7 @@ def stragglers(db: Session, *, run: Run) -> list[StragglerOut]:
     data, compute = PARTS
     waited = {step for step in steps if _slow_ranks(reports[step], data)}  # the others' compute holds that wait
     found = _streaks(steps, reports, data, times, hosts) + _streaks(steps, reports, compute, times, hosts, waited)
+    found = gpu_health.with_gpu_causes(db, run=run, stragglers=found)  # a throttled GPU under a slow rank
     return sorted(found, key=lambda s: (not s.ongoing, s.since_step))
 
 

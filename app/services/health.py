@@ -17,7 +17,7 @@ from app.core.errors import RunNotFound
 from app.core.humanize import duration
 from app.core.models import Run, RunRank, RunStatus, utcnow
 from app.schemas.health import GpuSpinOut, HealthOut, HealthState, StalledRankOut
-from app.services import dump_requests, findings
+from app.services import dump_requests, findings, gpu_health
 from app.services.lifecycle import transitions
 from app.store import health as health_store
 from app.store import ranks as rank_store
@@ -70,6 +70,7 @@ def assess(db: Session, run: Run, *, now: datetime, stall_after: timedelta) -> H
     behind = [row.rank for row in rows if row.step < top]
     phrase = _stalled_phrase(stalled, every=len(stalled) == len(rows))
     message = f"Not progressing: {phrase}{_behind_phrase(behind, top)}."
+    message += gpu_health.stall_sentence(db, run=run, stalled=stalled)  # a GPU that failed first is the likely cause
     spin = gpu_spin(db, run_id=run.id, now=now)
     if spin is None:
         return _health("not_progressing", message, stalled, behind)

@@ -21,10 +21,22 @@ from rankboard import gpu, wire
 from sqlalchemy.orm import Session
 
 from app.core.models import Run, RunStatus
-from app.schemas.host import GpuHolderOut, GpuProcessOut, HostGpuOut, HostOut
+from app.schemas.host import GpuHealthOut, GpuHolderOut, GpuProcessOut, HostGpuOut, HostOut
 from app.store import runs as run_store
 
 HOLDS_GPUS = (RunStatus.starting, RunStatus.running, RunStatus.stopping)
+# The health readings the page names when a GPU lacks them (gpu.Reading.name -> words).
+HEALTH_READINGS = {
+    "throttle": "clock-event reasons",
+    "ecc_sbe_volatile": "ECC",
+    "/".join(gpu.REMAP_FIELDS): "row remapping",
+    "retired_pending": "page retirement",
+    "pcie_replay": "PCIe replay counter",
+    "/".join(gpu.NVLINK_FIELDS): "NVLink error counters",
+    "energy": "energy counter",
+    "xid": "Xid events",
+    "/".join(gpu.GPM_METRICS): "GPM metrics",
+}
 CPU_MIN_INTERVAL_S = 0.5  # psutil advises at least 0.1 s between the readings a CPU percent is measured over
 CPU_MAX_INTERVAL_S = 10.0  # a percent over a longer interval (the page was closed) describes the past, not now
 
@@ -37,6 +49,8 @@ class GpuNow:
     values: dict[str, float]
     errors: dict[str, str]
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, bytes)
+    unsupported: set[str] = field(default_factory=set)  # readings the GPU does not have (gpu.Reading.name)
+    last_xid: int | None = None  # the newest Xid seen since this server began watching the GPU
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,7 @@ class HostSampler:
         self._nvml: gpu.Nvml | None = None
         self._error: str | None = None
         self._cpu = CpuBusy()
+        self._states: dict[int, gpu.GpuState] = {}  # by index: what each GPU lacks, its Xid events
 
     def read(self) -> HostNow:
         """Every GPU's values and processes; a GPU or a value that fails to read says why and the rest go on."""
@@ -68,7 +83,10 @@ class HostSampler:
             if nvml is None:
                 return HostNow([], self._error, self._system())
             try:
-                gpus = [_read_one(nvml, index) for index in range(nvml.nvmlDeviceGetCount())]
+                count = nvml.nvmlDeviceGetCount()
+                gpus = [
+                    _read_one(nvml, index, self._states.setdefault(index, gpu.GpuState())) for index in range(count)
+                ]
             except nvml.NVMLError as error:
                 return HostNow([], f"NVML failed while listing GPUs: {error}", self._system())
             return HostNow(gpus, None, self._system())
@@ -89,9 +107,11 @@ class HostSampler:
         """Lets NVML go; the next read opens it again."""
         with self._lock:
             if self._nvml is not None:
+                for state in self._states.values():
+                    gpu.free_state(self._nvml, state)
                 with contextlib.suppress(self._nvml.NVMLError):
                     self._nvml.nvmlShutdown()
-            self._nvml, self._error, self._opened = None, None, False
+            self._nvml, self._error, self._opened, self._states = None, None, False, {}
 
 
 class CpuBusy:
@@ -133,14 +153,15 @@ def _busy_and_total(times: Any) -> tuple[float, float]:
     return total - fields["idle"] - fields.get("iowait", 0.0), total
 
 
-def _read_one(nvml: gpu.Nvml, index: int) -> GpuNow:
+def _read_one(nvml: gpu.Nvml, index: int, state: gpu.GpuState) -> GpuNow:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    values, errors = gpu.read_gpu(nvml, handle)
+    values, errors = gpu.read_gpu(nvml, handle, state)
     try:
         processes = gpu.gpu_processes(nvml, handle)
     except nvml.NVMLError as error:
         processes, errors["processes"] = [], str(error)
-    return GpuNow(gpu.describe(nvml, index, handle), values, errors, processes)
+    unsupported = set(state.unsupported)
+    return GpuNow(gpu.describe(nvml, index, handle), values, errors, processes, unsupported, state.last_xid)
 
 
 def host_status(db: Session, *, sampler: HostSampler) -> HostOut:
@@ -173,11 +194,22 @@ def _gpu_out(now: GpuNow, active: Sequence[Run], owners: dict[int, Run]) -> Host
         index=now.gpu.index,
         uuid=now.gpu.uuid,
         name=now.gpu.name,
-        **{name: now.values.get(name) for name in wire.GPU_FIELDS if name != "run_mem"},
+        **{name: now.values.get(name) for name in wire.GPU_FIELDS if name not in ("run_mem", "xid")},
         processes=processes,
         held_by=sorted(holders.values(), key=lambda holder: holder.run_id),
         errors=now.errors,
+        health=_health(now),
     )
+
+
+def _health(now: GpuNow) -> GpuHealthOut:
+    """The GPU's health in words: what throttles it now, its newest Xid, what it cannot report."""
+    bits = int(now.values.get("throttle", 0))
+    reasons = sorted({words for bit, (_, words) in wire.CLOCK_REASONS.items() if bits & bit})
+    unsupported = sorted(HEALTH_READINGS[name] for name in now.unsupported if name in HEALTH_READINGS)
+    xid = now.last_xid
+    return GpuHealthOut(throttle_reasons=reasons, xid=xid, xid_meaning=None if xid is None else wire.xid_meaning(xid),
+                        not_supported=unsupported)  # fmt: skip
 
 
 def _holder(run: Run, *, by_devices: bool) -> GpuHolderOut:

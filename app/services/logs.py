@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankboard import wire
+from sqlalchemy.orm import object_session
 
 from app.core.errors import FieldInvalid, PathNotFound
 from app.core.folders import RunFolders
@@ -23,6 +24,7 @@ from app.launcher.launchers import kind
 from app.launcher.local import latest_launch
 from app.launcher.slurm import AGENT_LOGS
 from app.schemas.logs import DiagnosisOut
+from app.services import gpu_health
 from app.services.diagnose import LogText, diagnose, root_cause_ranks
 
 STREAMS = ("stdout", "stderr")
@@ -323,7 +325,11 @@ def diagnoses(run: Run, *, folders: RunFolders) -> list[DiagnosisOut]:
     texts = [LogText(f.rank, f.stream, _tail_text(f.path), f.modified) for f in log_files(run, folders=folders)]
     found = diagnose([_latest_launch(t) if t.rank is None else t for t in texts])
     # A run stopped on request ends with Rankboard's own scancel: that is no failure to explain.
-    return [d for d in found if not (run.stop_requested_at and d.kind == SLURM_CANCELLED)]
+    found = [d for d in found if not (run.stop_requested_at and d.kind == SLURM_CANCELLED)]
+    db = object_session(run)  # the caller's: a GPU that failed under the run explains it before its logs do
+    gpus = [] if db is None else gpu_health.diagnoses(db, run=run)
+    slowed = [d for d in gpus if d.kind == gpu_health.SLOWDOWN_KIND]  # a slow GPU explains no crash: after the logs
+    return [d for d in gpus if d not in slowed] + found + slowed
 
 
 def opening_log(run: Run, *, folders: RunFolders, found: Sequence[DiagnosisOut]) -> tuple[str, str]:

@@ -66,6 +66,23 @@ GPUS = Family("GPU", GPU_KEY, wire.GPU_FIELDS, [
     ("gpu-temp", "GPU temperature", "temp", None, ""),
     ("gpu-sm-clock", "GPU SM clock", "sm_clock", None, ""),
     ("gpu-run-mem", "GPU memory held by this run", "run_mem", None, ""),
+    ("gpu-energy", "GPU energy counter (since its driver loaded)", "energy", None, ""),
+    ("gpu-sm-active", "GPU SMs active (GPM; occupancy dashed)", "sm_active", "sm_occupancy", "occupancy"),
+    ("gpu-tensor-active", "GPU tensor pipes active (GPM)", "tensor_active", None, ""),
+    ("gpu-dram-bw", "GPU DRAM bandwidth used (GPM)", "dram_bw", None, ""),
+    # The GPU's health: each a count NVML keeps, drawn where the GPU has it (the Host page says where it does not).
+    ("gpu-xid", "GPU Xid errors (each point an Xid, by its number)", "xid", None, ""),
+    ("gpu-throttle", "GPU clock-event reasons (bits: 4 power cap, 8 HW slowdown, 32/64 thermal, 128 power brake)",
+     "throttle", None, ""),
+    ("gpu-ecc-volatile", "GPU ECC errors since the driver loaded (double-bit dashed)", "ecc_sbe_volatile",
+     "ecc_dbe_volatile", "double-bit"),
+    ("gpu-ecc-aggregate", "GPU ECC errors over its life (double-bit dashed)", "ecc_sbe_aggregate", "ecc_dbe_aggregate",
+     "double-bit"),
+    ("gpu-remapped-rows", "GPU remapped rows (uncorrectable dashed)", "remap_corrected", "remap_uncorrected",
+     "uncorrectable"),
+    ("gpu-remap-state", "GPU row remap pending (failed dashed)", "remap_pending", "remap_failure", "failed"),
+    ("gpu-retired-pending", "GPU page retirement pending", "retired_pending", None, ""),
+    ("gpu-pcie-replay", "GPU PCIe replays", "pcie_replay", None, ""),
 ])  # fmt: skip
 HOSTS = Family("Host", SYS_KEY, wire.SYS_FIELDS, [
     ("cpu", "CPU", "cpu_percent", None, ""),

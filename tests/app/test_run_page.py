@@ -45,8 +45,15 @@ def test_the_page_shows_a_chart_for_each_kind_of_metric_the_run_has(client: Test
     assert post(client, run_id, body).status_code == 200
 
     shown = charts(client.get(f"/runs/{run_id}").text)
-    gpu_charts = ["gpu-util", "gpu-memory", "gpu-power", "gpu-temp", "gpu-sm-clock", "gpu-run-mem"]
-    assert list(shown) == ["loss", "throughput", "step-time", *gpu_charts]  # every GPU field it samples
+    gpu_charts = ["gpu-util", "gpu-memory", "gpu-power", "gpu-temp", "gpu-sm-clock", "gpu-run-mem", "gpu-energy",
+                  "gpu-sm-active", "gpu-tensor-active", "gpu-dram-bw", "gpu-xid", "gpu-throttle", "gpu-ecc-volatile",
+                  "gpu-ecc-aggregate", "gpu-remapped-rows", "gpu-remap-state", "gpu-retired-pending",
+                  "gpu-pcie-replay"]  # fmt: skip
+    assert list(shown)[:21] == ["loss", "throughput", "step-time", *gpu_charts]  # every GPU field it samples ...
+    nvlink = [shown[chart]["title"] for chart in list(shown)[21:]]  # ... NVLink's counters each in a chart of its own
+    assert nvlink == ["GPU nvlink crc data", "GPU nvlink crc flit", "GPU nvlink ecc data", "GPU nvlink recovery",
+                      "GPU nvlink replay"]  # fmt: skip
+    assert labels(shown["gpu-ecc-volatile"])[:2] == ["node-a GPU 0", "node-a GPU 0 double-bit"]
     assert labels(shown["loss"]) == ["train loss", "validation loss"]
     assert labels(shown["throughput"]) == ["samples/s"]  # no tokens/s: this run does not report it
     assert labels(shown["gpu-util"]) == ["node-a GPU 0", "node-a GPU 1", "node-b GPU 0", "node-b GPU 1"]

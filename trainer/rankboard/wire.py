@@ -186,7 +186,66 @@ GPU_FIELDS = {
     "power_limit": "W",
     "sm_clock": "MHz",
     "run_mem": "bytes",
+    # GPU health, where the GPU has it (a field it lacks is never sent). ECC: single-bit (corrected) and double-bit
+    # (uncorrected) errors since the driver loaded (volatile) and over the GPU's life (aggregate).
+    "ecc_sbe_volatile": "errors",
+    "ecc_dbe_volatile": "errors",
+    "ecc_sbe_aggregate": "errors",
+    "ecc_dbe_aggregate": "errors",
+    "remap_corrected": "rows",  # Ampere and later remap rows of bad memory ...
+    "remap_uncorrected": "rows",
+    "remap_pending": "flag",  # 1: a remap waits for the GPU's reset
+    "remap_failure": "flag",  # 1: a remap failed; the GPU needs service
+    "retired_pending": "flag",  # ... older GPUs retire pages: 1 when a retirement waits for a reboot
+    "throttle": "bitmask",  # nvmlDeviceGetCurrentClocksEventReasons; see CLOCK_REASONS
+    "pcie_replay": "replays",
+    "nvlink_replay": "errors",  # each NVLink error counter summed over the GPU's links
+    "nvlink_recovery": "errors",
+    "nvlink_crc_flit": "errors",
+    "nvlink_crc_data": "errors",
+    "nvlink_ecc_data": "errors",
+    "energy": "J",  # NVML's total-energy counter: since the driver loaded; read once a minute
+    "xid": "Xid",  # a point per Xid error, at its second: the Xid's number (see XID_MEANINGS)
+    # GPM (Hopper and later), over the last sample period: what utilization cannot tell apart (a spinning kernel reads
+    # 100% utilization; its tensor pipes stay idle).
+    "sm_active": "%",
+    "sm_occupancy": "%",
+    "tensor_active": "%",
+    "dram_bw": "%",
 }
+# The clock-event (throttle) reasons that explain a slow GPU, by their bit in the `throttle` field (NVML's
+# nvmlClocksEventReason* values); the others (idle, application clocks, sync boost, display) are no trouble.
+CLOCK_REASONS = {
+    0x4: ("power cap", "software power cap"),
+    0x8: ("HW slowdown", "hardware slowdown"),
+    0x20: ("thermal", "software thermal slowdown"),
+    0x40: ("thermal", "hardware thermal slowdown"),
+    0x80: ("HW slowdown", "hardware power brake"),
+}
+HW_SLOWDOWN_BITS = 0x8 | 0x40 | 0x80  # what the GPU itself forced: never a setting, always worth explaining
+# NVIDIA's meanings of the Xids that matter most to training (NVIDIA's Xid catalogue, shortened).
+XID_MEANINGS = {
+    13: "graphics engine exception (often a bug or illegal memory access in a kernel)",
+    31: "GPU memory page fault (often an illegal address in a kernel)",
+    43: "GPU stopped processing (a kernel was killed)",
+    48: "double-bit ECC error",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error (the application must restart)",
+    95: "uncontained ECC error (the GPU must be reset)",
+    119: "GSP RPC timeout (the GPU's system processor stopped answering)",
+    120: "GSP error",
+}
+
+
+def xid_meaning(xid: int) -> str:
+    """NVIDIA's meaning of an Xid, or a pointer to its catalogue for the ones not listed here."""
+    return XID_MEANINGS.get(xid, "see NVIDIA's Xid catalogue")
+
+
 # A node without NVML samples the host instead: `sys/<host>/<field>`.
 SYS_KEY = "sys/{host}/{field}"
 SYS_FIELDS = {"cpu_percent": "%", "mem_used": "bytes", "mem_total": "bytes"}
