@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         from rankboard import cli as runs_cli
 
         return runs_cli.queue_main(argv[1:])
+    if argv[:1] == ["usage"]:
+        from rankboard import cli as runs_cli
+
+        return runs_cli.usage_main(argv[1:])
     if argv[:1] == ["sync"]:
         from rankboard import cli as runs_cli
 
@@ -80,15 +84,20 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rankboard", description="Start, stop and watch PyTorch DDP runs.")
     parser.add_argument("--version", action="version", version=f"rankboard {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="start the dashboard (one worker: the server is single-writer)")
+    serve = commands.add_parser("serve", help="start the dashboard")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1, or RANKBOARD_HOST)")
     serve.add_argument("--port", type=int, help="port (default 8000, or RANKBOARD_PORT)")
+    serve.add_argument("--workers", type=int, help="server processes on the one port (default 1, or "
+                       "RANKBOARD_WORKERS); more than one needs PostgreSQL (RANKBOARD_DATABASE_URL): SQLite takes one "
+                       "writer at a time, so a server on it is one process")  # fmt: skip
     commands.add_parser("runs", help="runs on a server, over its API: list, start, get, stop, resume, logs, metrics, "
                         "checkpoints, download (`rankboard runs -h`)")  # fmt: skip
     commands.add_parser("import", help="runs from TensorBoard, MLflow or W&B into a server, over its API "
                         "(`rankboard import -h`)")  # fmt: skip
     commands.add_parser("sync", help="runs kept in folders (RANKBOARD_MODE=offline, or a server that was away) into "
                         "a server, over its API (`rankboard sync -h`)")  # fmt: skip
+    commands.add_parser("usage", help="GPU-hours, energy, cost and goodput by user, tag or launcher, over a server's "
+                        "API (`rankboard usage -h`)")  # fmt: skip
     commands.add_parser("queue", help="the queue over a server's API: its order, a run's priority, the limits of "
                         "users and groups (`rankboard queue -h`)")  # fmt: skip
     db = commands.add_parser("db", help="database schema")

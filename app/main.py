@@ -48,6 +48,7 @@ from app.web.api import runs as runs_api
 from app.web.api import runs_table as runs_table_api
 from app.web.api import server as server_api
 from app.web.api import sweeps as sweeps_api
+from app.web.api import usage as usage_api
 from app.web.api import users as users_api
 from app.web.guard import AuthSwitch, Guard
 from app.web.pages import alerts as alerts_pages
@@ -61,6 +62,7 @@ from app.web.pages import queue as queue_pages
 from app.web.pages import runs as runs_pages
 from app.web.pages import runs_table as runs_table_pages
 from app.web.pages import sweeps as sweeps_pages
+from app.web.pages import usage as usage_pages
 from app.web.pages import users as users_pages
 from app.web.stream import SharedFragments
 from app.web.templating import make_templates
@@ -150,7 +152,7 @@ def _include_routes(app: FastAPI, *, prometheus: bool) -> None:
     """The API's routers and the pages', each by its subject; the API documents what the guard may answer first."""
     app.include_router(server_api.router)
     for subject in (host_api, runs_api, runs_table_api, forensics_api, goodput_api, comm_api, preflight_api, mfu_api,
-                    sweeps_api, charts_api, files_api, export_api, queue_api):  # fmt: skip
+                    sweeps_api, charts_api, files_api, export_api, queue_api, usage_api):  # fmt: skip
         app.include_router(subject.router, responses=guarded())
     app.include_router(logs_pages.router, responses=guarded())  # the run page's log panel and the logs API
     app.include_router(users_api.router, responses=guarded())
@@ -160,7 +162,7 @@ def _include_routes(app: FastAPI, *, prometheus: bool) -> None:
 
         app.include_router(exposition_api.router, responses=guarded())
     for pages in (users_pages, alerts_pages, runs_table_pages, runs_pages, forensics_pages, sweeps_pages, host_pages,
-                  files_pages, docs_pages, export_pages, queue_pages):  # fmt: skip
+                  files_pages, docs_pages, export_pages, queue_pages, usage_pages):  # fmt: skip
         app.include_router(pages.router)
 
 

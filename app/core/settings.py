@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -216,12 +217,30 @@ class Settings(BaseSettings):
     alert_backoff_s: float = Field(
         default=1.0, gt=0, le=60, description="The wait before the 2nd try; doubled each try, at most 60 s."
     )
+    gpu_prices: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=dict,
+        description="Dollars per GPU-hour by GPU model, for what runs cost: H100=2.49/h,A100=1.10/h; a model matches "
+        "a GPU whose name holds it (any case), the longest such model first.",
+    )
     _shared_fallback: bool = PrivateAttr(default=False)
 
     @field_validator("allowed_hosts", "trusted_proxy", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+    @field_validator("gpu_prices", mode="before")
+    @classmethod
+    def _price_list(cls, value: object) -> object:
+        return parse_prices(value) if isinstance(value, str) else value
+
+    @field_validator("gpu_prices")
+    @classmethod
+    def _prices_positive(cls, prices: dict[str, float]) -> dict[str, float]:
+        for model, price in prices.items():
+            if not model.strip() or not math.isfinite(price) or price < 0:
+                raise ValueError(f"{model}={price}: a price is a GPU model and a number of dollars an hour, 0 or more")
+        return prices
 
     @field_validator("server_cpus", mode="before")
     @classmethod
@@ -296,6 +315,26 @@ class Settings(BaseSettings):
             return self.public_url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{host}:{self.port}"
+
+
+def parse_prices(text: str) -> dict[str, float]:
+    """`H100=2.49/h,A100=1.10/h` as {model: dollars per GPU-hour}; ValueError naming the part that is wrong."""
+    prices: dict[str, float] = {}
+    for part in (part.strip() for part in text.split(",")):
+        if not part:
+            continue
+        model, equals, price = (piece.strip() for piece in part.partition("="))
+        number = price.removesuffix("/h").strip()
+        try:
+            value = float(number)
+        except ValueError:
+            value = math.nan
+        if not equals or not model or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{part!r} is not MODEL=DOLLARS/h (a GPU model, =, a price of 0 or more an hour)")
+        if model.casefold() in (known.casefold() for known in prices):
+            raise ValueError(f"{part!r}: {model} has a price already")
+        prices[model] = value
+    return prices
 
 
 def is_loopback(host: str) -> bool:

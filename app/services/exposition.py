@@ -18,8 +18,10 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
-from app.core.models import Run, RunStatus
+from app.core.models import Run, RunStatus, utcnow
+from app.services import usage
 from app.services.ingest_totals import IngestTotals
+from app.services.usage import Spent
 from app.store import exposition as store
 from app.store import metrics as metric_store
 
@@ -48,6 +50,12 @@ GPU_HEALTH_METRICS = {
 }
 MAX_GPU_HEALTH_SERIES = 3500  # 500 GPUs, seven health fields each
 FIELDS_EXPORTED = [*GPU_METRICS, *GPU_HEALTH_METRICS]
+# What the runs held and drew (app.services.usage): (name, what it counts, Spent's field); a run's and every run's.
+SPENT_METRICS = (
+    ("gpu_hours", "GPU-hours (GPUs held x wall time, from each launch)", "gpu_hours"),
+    ("cpu_hours", "CPU-hours (processes x wall time, on nodes without a GPU)", "cpu_hours"),
+    ("energy_joules", "GPU energy (NVML's energy counter, else the integral of sampled power)", "joules"),
+)
 RUN_LABELS = ("run_id", "run_name")
 GPU_LABELS = ("run_id", "host", "gpu")
 
@@ -65,10 +73,12 @@ class Snapshot(Collector):
     batches: int
     accepted: int
     stored: int
+    spent: tuple[Spent, dict[int, Spent]] = (Spent(0.0, 0.0, 0.0), {})  # every run's in all, and each live run's
 
     def collect(self) -> Iterator[Metric]:
         yield from self._run_families()
         yield from self._gpu_families()
+        yield from self._spent_families()
         yield CounterMetricFamily("rankboard_ingest_batches_total", "Metric batches taken by every server process",
                                   value=self.batches)  # fmt: skip
         yield CounterMetricFamily("rankboard_ingest_points_accepted_total", "Points received by every server process",
@@ -94,6 +104,18 @@ class Snapshot(Collector):
                        if key.rsplit("/", 1)[1] == field and value is not None]  # fmt: skip
             yield gauge(name, help_text, GPU_LABELS, samples)
 
+    def _spent_families(self) -> Iterator[Metric]:
+        """What the runs held and drew (app.services.usage): each live run's so far, and every run's in all."""
+        total, each = self.spent
+        runs = [((str(run.id), run.name), each[run.id]) for run in self.runs if run.id in each]
+        for name, help_text, field in SPENT_METRICS:
+            family = CounterMetricFamily(f"rankboard_run_{name}", f"Live run's {help_text} so far", labels=RUN_LABELS)
+            for labels, spent in runs:
+                family.add_metric(labels, getattr(spent, field))
+            yield family
+            yield CounterMetricFamily(f"rankboard_{name}", f"Every run's {help_text}, the live ones' so far",
+                                      value=getattr(total, field))  # fmt: skip
+
 
 def render(db: Session, *, counters: IngestTotals) -> bytes:
     """The whole exposition, read in one transaction (one snapshot on PostgreSQL; SQLite's driver reads each query
@@ -107,8 +129,9 @@ def render(db: Session, *, counters: IngestTotals) -> bytes:
         gpus = store.latest_gpu_samples(
             db, run_ids=[r.id for r in runs], fields=FIELDS_EXPORTED, limit=MAX_GPU_SERIES + MAX_GPU_HEALTH_SERIES
         )
+        spent = usage.TOTALS.read(db, now=utcnow())
     registry = CollectorRegistry()
-    registry.register(Snapshot(by_status, runs, losses, gpus, batches, accepted, stored))
+    registry.register(Snapshot(by_status, runs, losses, gpus, batches, accepted, stored, spent=spent))
     return generate_latest(registry)
 
 

@@ -31,7 +31,9 @@ from app.schemas.mfu import Mfu
 from app.schemas.preflight import Preflight
 from app.schemas.runs import RunDetail
 from app.schemas.sweeps import Sweep
+from app.schemas.usage import RunCost
 from app.services import alerts, checkpoints, comm, files, findings, forensics, health, preflight, runs, sweeps
+from app.services.cost import run_cost
 from app.services.goodput import STARTUP_PHASES, run_goodput
 from app.services.metrics import CLOCK_STEPPED
 from app.services.mfu import run_mfu
@@ -114,6 +116,7 @@ class RunPageView:
     findings: FindingsOut
     files: RunFiles
     efficiency: Efficiency
+    cost: RunCost  # what its launches held and cost, and its goodput's lost parts in the same units
     charts: RunCharts
     alerts: tuple[AlertDeliveryOut, ...]
     stop_grace: timedelta  # how long Stop waits for the trainer before it kills
@@ -125,6 +128,7 @@ def run_page_view(db: Session, *, run_id: int, folders: RunFolders, settings: Se
     with db.begin():
         run = runs.get_run(db, run_id=run_id)
         state = health.assess(db, run, now=now, stall_after=timedelta(seconds=settings.stall_after_s))
+        efficiency = _efficiency(db, run, folders=folders, now=now)
         return RunPageView(
             run=RunDetail.model_validate(run, from_attributes=True),
             progress=_progress(db, run, state, now=now),
@@ -132,7 +136,8 @@ def run_page_view(db: Session, *, run_id: int, folders: RunFolders, settings: Se
             dump=forensics.latest_dump(db, run=run, folders=folders, world_size=kind(run.launcher).ranks(run)),
             findings=findings.findings(db, run=run),
             files=_files(run, folders=folders),
-            efficiency=_efficiency(db, run, folders=folders, now=now),
+            efficiency=efficiency,
+            cost=run_cost(db, run=run, goodput=efficiency.goodput, prices=settings.gpu_prices, now=now),
             charts=run_charts(db, run=run),
             alerts=tuple(AlertDeliveryOut.model_validate(d) for d in alerts.run_deliveries(db, run_id=run.id)),
             stop_grace=timedelta(seconds=settings.stop_grace_s),

@@ -606,6 +606,38 @@ def queue_page(answer: Answer) -> None:
         assert "<h1>Queue</h1>" in answer.text and 'hx-get="/queue" hx-trigger="every 3s"' in answer.text
 
 
+def api_cost(answer: Answer) -> None:
+    """A run's cost: its parts add up to what it held; a run never launched held nothing."""
+    body = answer.json()
+    held = body["device_hours"]
+    assert sum(part["device_hours"] for part in body["parts"]) == pytest.approx(held, rel=1e-6, abs=1e-9)
+    if answer.seeded.state in WAITING:
+        assert body["attempts"] == [] and body["device_hours"] == 0
+
+
+def usage_api(answer: Answer) -> None:
+    """Usage: by user or launcher each run is in one row, so the rows add up to the total; as CSV, the same table."""
+    if answer.response.status_code == 422:  # a grouping there is none of, named
+        assert answer.json()["detail"][0]["loc"] == ["query", "by"]
+        return
+    if answer.query.get("format") == "csv":
+        assert answer.response.headers["content-type"].startswith("text/csv")
+        assert answer.text.startswith("group,runs,gpu_hours") and answer.text.splitlines()[-1].startswith("(all),")
+        return
+    body = answer.json()
+    assert body["total"]["runs"] <= len(answer.store.runs)
+    if body["by"] != "tag":
+        assert sum(row["runs"] for row in body["rows"]) == body["total"]["runs"]
+        hours = sum(row["gpu_hours"] + row["cpu_hours"] for row in body["rows"])
+        assert hours == pytest.approx(body["total"]["gpu_hours"] + body["total"]["cpu_hours"])
+
+
+def usage_page(answer: Answer) -> None:
+    assert "<h1>Usage</h1>" in answer.text
+    held = answer.store.name != "empty"  # every store but the empty one holds a launched run
+    assert ('id="usage-table"' in answer.text) == held and ("No run held" in answer.text) != held
+
+
 def holds(predicate: Callable[[Answer], bool]) -> Callable[[Answer], None]:
     def check(answer: Answer) -> None:
         assert predicate(answer), answer.text[:300]
@@ -677,6 +709,9 @@ EXPECT: dict[str, Callable[[Answer], None]] = {
     # No limit set in the walk: the admins' page and the API say so (tests/app/test_queue.py sets them).
     "/queue/limits": holds(lambda answer: "No user has a limit." in answer.text and "No group yet." in answer.text),
     "/api/queue/limits": holds(lambda answer: answer.json()["users"] == [] and answer.json()["groups"] == []),
+    "/api/runs/{run_id}/cost": api_cost,
+    "/api/usage": usage_api,
+    "/usage": usage_page,
 }
 
 # Besides a plain GET, what the pages ask each route for: query parameters, and the fragment's target (`_target`,
@@ -712,6 +747,13 @@ VARIANTS: dict[str, Callable[[Store, Seeded | None], list[Variant]]] = {
     "/runs/{run_id}/logs/stream": lambda store, run: [{"rank": "1", "stream": "stderr", "filter": ""}],
     "/host": lambda store, run: [{}, {"_target": "host-now", "_hx": "1"}],
     "/queue": lambda store, run: [{}, {"_target": "queue-now", "_hx": "1"}],
+    "/api/usage": lambda store, run: [
+        {},
+        {"by": "tag"},
+        {"by": "launcher", "format": "csv"},
+        {"by": "nobody", "_status": "422"},
+    ],
+    "/usage": lambda store, run: [{}, {"by": "tag", "from": "2026-01-01"}],
     "/runs/new": lambda store, run: (
         [{}]
         + [

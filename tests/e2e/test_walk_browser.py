@@ -196,6 +196,7 @@ def every_page_of_the_runs(walk: Walk, page: Page) -> None:
     look(page, f"{url}/?filter=loss+<", "has no value after", shots / "runs-bad-filter", status=422)
     compared = "&".join(f"run={seeded[state].id}" for state in ("running", "failed", "succeeded", "queued"))
     look(page, f"{url}/compare?{compared}", "walk succeeded", shots / "compare")
+    look(page, f"{url}/usage?by=tag", "GPU-hours", shots / "usage", stay=STILL_S)
     for state in ("running", "succeeded"):
         run = seeded[state]
         look(page, f"{url}/runs/{run.id}/delete", run.name, shots / f"delete-{state}", stay=STILL_S)

@@ -104,6 +104,68 @@ def sync_main(argv: list[str]) -> int:
     return handled(run)
 
 
+USAGE_COLUMNS = ("runs", "gpu_hours", "cpu_hours", "kwh", "cost", "unpriced_gpu_hours", "goodput")
+SPANS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}  # --since 30d: minutes, hours, days, weeks
+
+
+def usage_main(argv: list[str]) -> int:
+    """`rankboard usage`: GPU-hours (or CPU-hours), kWh, cost, goodput and runs by user, tag or launcher over a period,
+    as the server's Usage page shows them (GET /api/usage)."""
+    top = Parser(prog="rankboard usage", description=usage_main.__doc__, parents=[common_flags()], epilog=EXIT_HELP)
+    top.add_argument("--by", choices=["user", "tag", "launcher"], default="user", help="rows by (default user)")
+    top.add_argument("--since", type=since, help="the period's start: 30d, 12h, 2w, 90m ago, or a date or time in ISO "
+                     "8601 (2026-11-01); default: since the first run")  # fmt: skip
+    top.add_argument("--until", help="its end, a date or time (exclusive); default: now")
+    top.add_argument("--csv", action="store_true", help="the table as CSV with a header")
+
+    def run() -> int:
+        args = top.parse_args(argv)
+        report = client_for(args).usage(by=args.by, start=args.since, end=args.until)
+        if args.json:
+            print(json.dumps(report))
+        elif args.csv:
+            writer = csv.writer(sys.stdout, lineterminator="\n")
+            writer.writerow(("group", *USAGE_COLUMNS))
+            writer.writerows([row["group"], *("" if row[c] is None else row[c] for c in USAGE_COLUMNS)]
+                             for row in [*report["rows"], report["total"]])  # fmt: skip
+        else:
+            print_usage(report)
+        return 0
+
+    return handled(run)
+
+
+def since(text: str) -> str:
+    """--since as the API takes it: `30d` as the moment 30 days ago (UTC), a date or time as it is."""
+    import datetime
+
+    if text[:-1].isdigit() and text[-1:] in SPANS:
+        ago = datetime.timedelta(seconds=int(text[:-1]) * SPANS[text[-1]])
+        return (datetime.datetime.now(datetime.timezone.utc) - ago).isoformat(timespec="seconds")
+    try:
+        datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 30d, 12h, 2w, 90m nor a date (2026-11-01)") from None
+    return text
+
+
+def print_usage(report: dict[str, Any]) -> None:
+    """The usage table: a row a group, the total last; a dash where a figure is unknown."""
+    rows = [*report["rows"], report["total"]]
+    if not report["rows"]:
+        print("no run held a GPU or a CPU process in this period")
+        return
+    width = max(len(str(row["group"])) for row in rows)
+    print(f"{report['by']:<{width}}  {'runs':>5}  {'GPU-hours':>10}  {'CPU-hours':>10}  {'kWh':>9}  {'cost':>11}  "
+          "goodput")  # fmt: skip
+    for row in rows:
+        kwh = "-" if row["kwh"] is None else f"{row['kwh']:,.2f}"
+        cost = "-" if row["cost"] is None else f"${row['cost']:,.2f}"
+        goodput = "-" if row["goodput"] is None else f"{100 * row['goodput']:.1f}%"
+        print(f"{row['group']:<{width}}  {row['runs']:>5}  {row['gpu_hours']:>10,.2f}  {row['cpu_hours']:>10,.2f}  "
+              f"{kwh:>9}  {cost:>11}  {goodput}")  # fmt: skip
+
+
 def handled(work: Callable[[], int]) -> int:
     """Runs a command; errors are one line on stderr and a non-zero exit."""
     try:

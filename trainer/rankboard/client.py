@@ -132,6 +132,10 @@ class Client:
     def remove_group(self, name: str) -> Record:
         return self._json("DELETE", f"/api/queue/limits/groups/{urllib.parse.quote(name, safe='')}")
 
+    def usage(self, *, by: str = "user", start: str | None = None, end: str | None = None) -> Record:
+        """GPU-hours, kWh, cost, goodput and runs by user, tag or launcher over [start, end), and per ISO week."""
+        return self._json("GET", "/api/usage", query={"by": by, "from": start, "to": end})
+
     def wait(
         self,
         run_id: int,

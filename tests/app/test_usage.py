@@ -1,0 +1,177 @@
+"""Usage by user, tag and launcher over a period, as the API, its CSV, the Usage page and `rankboard usage` show it;
+runs built in a real SQLite store (tests/app/cost_runs.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import SecretStr
+
+from app.core.models import Role, Run, RunEvent, RunStatus, utcnow
+from app.core.settings import Settings
+from app.main import create_app
+from app.services import tokens, users
+from tests.app.cost_runs import T0, Plan, at, build
+from tests.app.test_cost import PLANS, PRICES
+from tests.live import REPO, LiveServer, open_run, server_db
+
+Q, S = RunStatus.queued, RunStatus.starting
+HOUR = 3600
+
+
+def long_run(name: str = "long", owner: str = "ada", tags: list[str] | None = None) -> Plan:
+    """Two GPUs for three hours from Sunday 22:00 (week 45) to Monday 01:00 (week 46): no ledger, no samples."""
+    events = [(0, Q, "created"), (0, S, "torchrun started"), (3 * HOUR, RunStatus.succeeded, "done")]
+    return Plan(name, events, owner=owner, tags=tags or [], script="train.py")
+
+
+@pytest.fixture
+def store(settings: Settings) -> Iterator[tuple[TestClient, dict[str, int]]]:
+    with TestClient(create_app(settings.model_copy(update={"gpu_prices": PRICES}))) as client:
+        yield client, {name: build(client, plan) for name, plan in PLANS.items()}
+
+
+def usage(client: TestClient, **query: str) -> dict[str, Any]:
+    answer = client.get("/api/usage", params=query)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_usage_groups_runs_by_user_tag_and_launcher_and_sums_their_costs(
+    store: tuple[TestClient, dict[str, int]],
+) -> None:
+    client, runs = store
+    each = {name: client.get(f"/api/runs/{run_id}/cost").json() for name, run_id in runs.items()}
+    by_user = {row["group"]: row for row in usage(client, by="user")["rows"]}
+    assert set(by_user) == {"ada", "bob", "cy"}
+    ada = [each[name] for name, plan in PLANS.items() if plan.owner == "ada"]
+    assert by_user["ada"]["runs"] == len(ada)
+    assert by_user["ada"]["gpu_hours"] == pytest.approx(sum(c["device_hours"] for c in ada if c["device"] == "gpu"))
+    assert by_user["ada"]["cost"] == pytest.approx(sum(c["cost"] or 0 for c in ada))
+    assert by_user["cy"]["gpu_hours"] == 0 and by_user["cy"]["cpu_hours"] == pytest.approx(2 * 600 / HOUR)
+    assert by_user["cy"]["cost"] is None and by_user["cy"]["goodput"] is None
+    bob = [each["resumed"], each["failed"]]  # both itemized: their goodput weighted by their GPU-hours
+    assert by_user["bob"]["goodput"] == pytest.approx(
+        sum(c["goodput"] * c["device_hours"] for c in bob) / sum(c["device_hours"] for c in bob)
+    )
+    by_tag = {row["group"]: row for row in usage(client, by="tag")["rows"]}
+    assert by_tag["llm"]["runs"] == 2 and by_tag["big"]["runs"] == 1 and by_tag["(no tag)"]["runs"] == 4
+    total = usage(client, by="tag")["total"]
+    assert total["runs"] == len(PLANS)  # each run once, though a run with two tags is in two rows
+    assert total["gpu_hours"] == pytest.approx(sum(c["device_hours"] for c in each.values() if c["device"] == "gpu"))
+    assert [row["group"] for row in usage(client, by="launcher")["rows"]] == ["local"]
+
+
+def test_a_period_counts_each_launch_by_its_overlap_and_splits_it_by_iso_week(settings: Settings) -> None:
+    with TestClient(create_app(settings)) as client:
+        build(client, long_run())
+        whole = usage(client, by="user")
+        assert whole["total"]["gpu_hours"] == pytest.approx(2 * 3)
+        assert [(w["week"], w["gpu_hours"]) for w in whole["weeks"]] == [("2026-W45", 4.0), ("2026-W46", 2.0)]
+        part = usage(client, by="user", **{"from": at(HOUR).isoformat(), "to": at(2.5 * HOUR).isoformat()})
+        assert part["total"]["gpu_hours"] == pytest.approx(2 * 1.5) and part["rows"][0]["runs"] == 1
+        assert [(w["week"], w["gpu_hours"]) for w in part["weeks"]] == [("2026-W45", 2.0), ("2026-W46", 1.0)]
+        assert [w["starts"] for w in part["weeks"]] == ["2026-11-02", "2026-11-09"]
+        before = usage(client, by="user", to=(T0 - timedelta(days=1)).date().isoformat())
+        assert before["rows"] == [] and before["total"]["runs"] == 0
+
+
+def test_usage_as_csv_by_parameter_or_by_accept_header(store: tuple[TestClient, dict[str, int]]) -> None:
+    client, _ = store
+    answer = client.get("/api/usage", params={"by": "user", "format": "csv"})
+    assert answer.headers["content-type"].startswith("text/csv")
+    assert 'filename="rankboard-usage-by-user.csv"' in answer.headers["content-disposition"]
+    table = list(csv.DictReader(io.StringIO(answer.text)))
+    assert [row["group"] for row in table] == [row["group"] for row in usage(client, by="user")["rows"]] + ["(all)"]
+    assert table[-1]["runs"] == str(len(PLANS)) and float(table[-1]["cost"]) > 0
+    assert next(row for row in table if row["group"] == "cy")["cost"] == ""  # unknown: an empty cell, not 0
+    accepted = client.get("/api/usage", params={"by": "tag"}, headers={"Accept": "text/csv"})
+    assert accepted.text.splitlines()[0] == "group,runs,gpu_hours,cpu_hours,kwh,cost,unpriced_gpu_hours,goodput"
+
+
+def test_a_viewer_sees_every_users_runs_but_none_being_deleted(settings: Settings) -> None:
+    """Runs are not private (app.auth.policy: a viewer reads everything), so a viewer's usage counts the other users'
+    runs, as the runs list shows them; a run being deleted is shown nowhere, so neither here."""
+    with TestClient(create_app(settings)) as client:
+        build(client, long_run("ada's", owner="ada"))
+        gone = build(client, long_run("bob's", owner="bob"))
+        build(client, long_run("bob's other", owner="bob"))
+        with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+            db.get(Run, gone).deleting_at = utcnow()
+    guarded = settings.model_copy(update={"admin_password": SecretStr("an admin's passw0rd")})
+    with TestClient(create_app(guarded)) as client:
+        with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+            users.add_user(db, name="vera", role=Role.viewer, password="vera's passw0rd", actor="test")
+            secret = tokens.create_token(db, name="vera-ci", role=Role.viewer, expires="1d", owner="vera",
+                                         actor="test").secret  # fmt: skip
+        assert client.get("/api/usage").status_code == 401
+        body = client.get("/api/usage", headers={"Authorization": f"Bearer {secret}"}).json()
+    assert {row["group"]: row["runs"] for row in body["rows"]} == {"ada": 1, "bob": 1}
+
+
+def test_the_usage_page_with_no_run_one_and_many(settings: Settings) -> None:
+    with TestClient(create_app(settings.model_copy(update={"gpu_prices": PRICES}))) as client:
+        empty = client.get("/usage")
+        assert empty.status_code == 200 and "No run held a GPU or a CPU process in this period." in empty.text
+        assert '<a href="/usage">Usage</a>' in empty.text  # in every page's nav
+        build(client, long_run(tags=["vision"]))
+        one = client.get("/usage", params={"by": "tag"}).text
+        assert 'id="usage-table"' in one and 'data-group="vision"' in one and 'id="usage-chart"' in one
+        assert "$14.94" in one  # 6 GPU-hours of H100 at $2.49
+        for plan in PLANS.values():
+            build(client, plan)
+        many = client.get("/usage", params={"by": "user", "from": "2026-11-01"}).text
+        for group in ("ada", "bob", "cy", "(all)"):
+            assert f'data-group="{group}"' in many
+        assert 'href="/api/usage?by=user&amp;from=2026-11-01&amp;format=csv"' in many
+        assert client.get("/usage", params={"by": "nobody"}).status_code == 422
+
+
+def test_rankboard_usage_prints_the_table_from_a_live_server(live_server: LiveServer) -> None:
+    run_id = open_run(live_server, "t0ken")
+    with server_db(live_server) as db:  # two hours on one H100, ended an hour ago
+        run = db.get(Run, run_id)
+        run.owner, run.status = "ada", RunStatus.succeeded
+        run.gpus = [{"host": "node-a", "gpus": [{"index": 0, "uuid": "GPU-0", "name": "NVIDIA H100"}]}]
+        run.world_size = run.nproc_per_node = 1
+        run.created_at, run.finished_at = utcnow() - timedelta(hours=3), utcnow() - timedelta(hours=1)
+        for event in run.events:
+            event.at = run.created_at
+        db.add(RunEvent(run_id=run_id, at=run.finished_at, status=RunStatus.succeeded, reason="done"))
+    command = [str(REPO / ".venv" / "bin" / "rankboard"), "usage", "--by", "user", "--since", "30d",
+               "--url", live_server.url]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["user", "runs", "GPU-hours", "CPU-hours", "kWh", "cost", "goodput"]
+    assert lines[1].split()[:3] == ["ada", "1", "2.00"] and lines[2].split()[:3] == ["(all)", "1", "2.00"]
+    bad = subprocess.run([*command[:5], "last month"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "'last month' is not 30d, 12h, 2w, 90m nor a date" in bad.stderr
+
+
+def test_metrics_carry_each_live_runs_gpu_hours_and_energy_and_every_runs_total(settings: Settings) -> None:
+    """Bounded: the run that ended long ago is in the total only; the live one has series of its own."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with TestClient(create_app(settings.model_copy(update={"prometheus": True}))) as client:
+        build(client, long_run())  # 2 GPUs x 3 h, ended in 2026-11
+        live = build(client, Plan("live", [(0, Q, "created"), (0, S, "torchrun started")], power=None))
+        with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+            run = db.get(Run, live)
+            run.status = RunStatus.running
+            for event in run.events:  # launched an hour ago
+                event.at = utcnow() - timedelta(hours=1)
+        scraped = client.get("/metrics").text
+    found = {s.name: s for family in text_string_to_metric_families(scraped) for s in family.samples
+             if "hours" in s.name or "joules" in s.name}  # fmt: skip
+    assert found["rankboard_run_gpu_hours_total"].labels == {"run_id": str(live), "run_name": "live"}
+    assert found["rankboard_run_gpu_hours_total"].value == pytest.approx(2 * 1, rel=0.01)
+    assert found["rankboard_gpu_hours_total"].value == pytest.approx(2 * 3 + 2 * 1, rel=0.01)
+    assert found["rankboard_cpu_hours_total"].value == 0 and found["rankboard_energy_joules_total"].value == 0
