@@ -40,6 +40,8 @@ def open_run(client: TestClient, name: str) -> int:
 
 def gpu_points(host: str, index: int, at: int, util: float) -> list[wire.Point]:
     fields = {"util": util, "mem_used": 3e9 + at, "mem_total": 8e10, "power": 250.0 + index}
+    health = ("ecc_sbe_volatile", "ecc_dbe_volatile", "remap_pending", "remap_failure", "pcie_replay", "throttle")
+    fields |= dict.fromkeys(health, 0.0) | {"xid": 79.0}  # a GPU that reports its health, and one Xid
     return [wire.Point(wire.GPU_KEY.format(host=host, index=index, field=f), at, v, 0, at) for f, v in fields.items()]
 
 
