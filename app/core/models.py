@@ -560,3 +560,26 @@ class IngestTotal(Base):
     batches: Mapped[int] = mapped_column(BigInteger, default=0)
     accepted: Mapped[int] = mapped_column(BigInteger, default=0)
     stored: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class LaunchCost(Base):
+    """What one launch of a settled run held and drew (app.services.usage), measured once from its goodput ledger and
+    its GPUs' samples, so that a usage report reads these rows instead of every run's samples. A row holds while
+    `run_ended_at` is its run's `finished_at`: a run resumed since ends again later, and is measured again. A run
+    that never launched has one row with no launch, so that it is known measured."""
+
+    __tablename__ = "run_costs"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)  # 0, 1...: launch order
+    run_ended_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    launched: Mapped[float | None] = mapped_column(Float)  # unix seconds, as app.services.cost.Window has them
+    ended: Mapped[float | None] = mapped_column(Float)
+    device: Mapped[str] = mapped_column(String(3))  # gpu | cpu
+    devices: Mapped[int] = mapped_column(Integer)  # GPUs held, or processes on CPUs
+    device_hours: Mapped[float] = mapped_column(Float)
+    kwh: Mapped[float | None] = mapped_column(Float)  # None where no GPU energy was sampled
+    energy_method: Mapped[str] = mapped_column(String(32))  # the run's, over all its launches
+    # {model: GPUs} as NVML names them: the price is the admin's of the day, applied when a report reads the row.
+    gpu_models: Mapped[dict[str, int]] = mapped_column(JSON)
+    goodput: Mapped[float | None] = mapped_column(Float)  # the run's training share of its device-hours, if itemized

@@ -19,6 +19,7 @@ price per GPU model (RANKBOARD_GPU_PRICES), and the goodput ledger's parts of th
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -154,8 +155,16 @@ def _price(held: Held, prices: Mapping[str, float]) -> tuple[float | None, str]:
     missing = sorted(model for model, price in each.items() if price is None)
     if missing:
         return None, f"no price is set for {', '.join(missing)} (RANKBOARD_GPU_PRICES)"
-    mean = sum(each[model] or 0.0 for model in held.models) / len(held.models)
-    return mean, ", ".join(f"{model} at ${each[model]:.2f}/h" for model in sorted(each))
+    return mean_price(Counter(held.models), prices), ", ".join(f"{m} at ${each[m]:.2f}/h" for m in sorted(each))
+
+
+def mean_price(models: Mapping[str, int], prices: Mapping[str, float]) -> float | None:
+    """Dollars per hour of these GPUs ({model: how many}) at the mean of their prices; None without a GPU or with one
+    unpriced."""
+    each = [(price_of(model, prices), count) for model, count in models.items()]
+    if not each or any(price is None for price, _ in each):
+        return None
+    return sum((price or 0.0) * count for price, count in each) / sum(count for _, count in each)
 
 
 def _parts(

@@ -120,8 +120,9 @@ class Snapshot(Collector):
 def render(db: Session, *, counters: IngestTotals) -> bytes:
     """The whole exposition, read in one transaction (one snapshot on PostgreSQL; SQLite's driver reads each query
     afresh, so a batch stored meanwhile may show in one family and not yet in another); the ingest totals, with this
-    process's counts added first, just before."""
+    process's counts added first, and the runs' use (app.services.usage), just before."""
     batches, accepted, stored = counters.read(db)
+    spent = usage.totals(db, now=utcnow())  # its own transactions: it stores the runs it finds newly settled
     with db.begin():
         by_status = store.runs_by_status(db)
         runs = store.live_runs(db, statuses=LIVE, limit=MAX_RUNS)
@@ -129,7 +130,6 @@ def render(db: Session, *, counters: IngestTotals) -> bytes:
         gpus = store.latest_gpu_samples(
             db, run_ids=[r.id for r in runs], fields=FIELDS_EXPORTED, limit=MAX_GPU_SERIES + MAX_GPU_HEALTH_SERIES
         )
-        spent = usage.TOTALS.read(db, now=utcnow())
     registry = CollectorRegistry()
     registry.register(Snapshot(by_status, runs, losses, gpus, batches, accepted, stored, spent=spent))
     return generate_latest(registry)

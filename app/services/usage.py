@@ -8,25 +8,35 @@ over the runs that itemize their time (the built-in trainer's): a script's run n
 Who sees what: a viewer reads every run (app.auth.policy: reading needs the viewer role, and runs are not private),
 so usage counts every run the runs list shows, archived ones too (they held their GPUs all the same), and none that
 is being deleted.
+
+A run settled (ended SETTLED ago: the batches sent before its end have arrived, its ledger and samples no longer
+change) is measured once and its launches stored in run_costs (app.core.models.LaunchCost), by the first report or
+/metrics scrape that finds it so, in whichever server process; a report then reads those rows in one query and
+measures only the runs live or ended lately, as a report over thousands would otherwise read every power sample of
+each (bench/usage.py). A run resumed since ends again later: its rows, stored for its earlier end, no longer match
+its `finished_at`, and it is measured again once settled. Money is the stored GPU models at the admin's prices of
+the day. The rows go with their run when it is deleted (a cascade).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import threading
-from collections import OrderedDict, defaultdict
+import json
+import math
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
-from typing import NamedTuple
+from datetime import datetime, timedelta, timezone
+from typing import NamedTuple, cast
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from app.core.models import Run, utcnow
 from app.schemas.goodput import Goodput
-from app.schemas.usage import EnergyMethod, GroupBy, RunCost, Usage, UsageRow, UsageWeek
+from app.schemas.usage import EnergyMethod, GroupBy, Usage, UsageRow, UsageWeek
 from app.services import cost, goodput
 from app.services.goodput import run_goodput
 from app.store import usage as usage_store
@@ -36,9 +46,24 @@ NO_TAG = "(no tag)"
 NO_USER = "(unknown)"
 ALL = "(all)"
 CSV_COLUMNS = ("group", "runs", "gpu_hours", "cpu_hours", "kwh", "cost", "unpriced_gpu_hours", "goodput")
-WEEK = timedelta(days=7)
+DAY_S = 86_400
+WEEK_S = 7 * DAY_S
 SETTLED = timedelta(minutes=10)  # after a run's end, its last batches have arrived
-KEPT_RUNS = 200_000  # runs' measures kept: each a few hundred bytes
+SETTLE_RUNS = 1_000  # runs measured, then stored, in one pair of transactions: memory and the write lock stay short
+
+
+class Launch(NamedTuple):
+    """One launch as a report counts it: its span (unix seconds), device-hours and energy, and its run's device and
+    goodput. A stored launch is its run_costs row itself, which has these fields by name (no object per launch: a
+    report counts thousands)."""
+
+    run_id: int
+    launched: float
+    ended: float
+    device: str
+    device_hours: float
+    kwh: float | None
+    goodput: float | None
 
 
 @dataclass
@@ -54,20 +79,20 @@ class Tally:
     trained: float = 0.0  # device-hours of training, of itemized runs
     itemized: float = 0.0  # device-hours of itemized runs
 
-    def add(self, run: RunCost, hours: float, kwh: float | None) -> None:
-        """`hours` of the run's device-hours (within the period), which drew `kwh`."""
-        self.runs.add(run.run_id)
-        if run.device == "gpu":
+    def add(self, launch: Launch, price: float | None, hours: float, kwh: float | None) -> None:
+        """`hours` of the launch's device-hours (within the period), which drew `kwh`, at `price` per hour."""
+        self.runs.add(launch.run_id)
+        if launch.device == "gpu":
             self.gpu_hours += hours
-            self.unpriced += hours if run.price_per_hour is None else 0.0
+            self.unpriced += hours if price is None else 0.0
         else:
             self.cpu_hours += hours
         if kwh is not None:
             self.kwh = (self.kwh or 0.0) + kwh
-        if run.price_per_hour is not None:
-            self.cost = (self.cost or 0.0) + hours * run.price_per_hour
-        if run.goodput is not None:
-            self.trained += hours * run.goodput
+        if price is not None:
+            self.cost = (self.cost or 0.0) + hours * price
+        if launch.goodput is not None:
+            self.trained += hours * launch.goodput
             self.itemized += hours
 
     def row(self, group: str) -> UsageRow:
@@ -76,27 +101,61 @@ class Tally:
                         goodput=self.trained / self.itemized if self.itemized > 0 else None)  # fmt: skip
 
 
+Tallies = tuple[dict[str, Tally], dict[tuple[float, str], Tally], Tally]  # groups, (Monday, group), total
+
+
 def usage(
     db: Session, *, by: GroupBy, start: datetime | None, end: datetime | None, prices: Mapping[str, float],
 ) -> Usage:  # fmt: skip
-    """Usage by `by` over [start, end) (end: now if None), in one read transaction."""
+    """Usage by `by` over [start, end) (end: now if None): the settled runs' stored launches, the others measured."""
     now = utcnow()
     end = min(end or now, now)
+    settle(db, now=now)
     with db.begin():
-        runs = usage_store.runs_in_period(db, start=start, end=end)
-        measured = _measure(db, runs, now=now)
-        tags = usage_store.tags_of(db, run_ids=[run.id for run in runs]) if by == "tag" else {}
-        groups: dict[str, Tally] = defaultdict(Tally)
-        weeks: dict[tuple[date, str], Tally] = defaultdict(Tally)
-        total = Tally()
-        for run in runs:
-            seen = measured[run.id]
-            spent = cost.assemble(run, seen.goodput, seen.windows, seen.joules, seen.method, prices=prices)
-            _count(run, spent, seen.windows, names=_groups(run, by, tags), start=start, end=end,
-                   tallies=(groups, weeks, total))  # fmt: skip
+        launches, who, prices_of = _launches(db, start=start, end=end, now=now, prices=prices)
+        tags = usage_store.tags_of(db, run_ids=list(who)) if by == "tag" else {}
+    tallies: Tallies = (defaultdict(Tally), defaultdict(Tally), Tally())
+    names = {run_id: _groups(run_id, people, by, tags) for run_id, people in who.items()}
+    period = (start.timestamp() if start is not None else float("-inf"), end.timestamp())
+    for launch in launches:
+        _count(launch, prices_of[launch.run_id], names=names[launch.run_id], period=period, tallies=tallies)
+    groups, weeks, total = tallies
     rows = sorted((tally.row(name) for name, tally in groups.items()), key=lambda r: (-r.gpu_hours, -r.cpu_hours,
                                                                                         r.group))  # fmt: skip
     return Usage(by=by, start=start, end=end, rows=rows, total=total.row(ALL), weeks=_weeks(weeks))
+
+
+People = tuple[str | None, str | None, str]  # a run's owner, creator and launcher
+
+
+def _launches(
+    db: Session, *, start: datetime | None, end: datetime, now: datetime, prices: Mapping[str, float]
+) -> tuple[list[Launch], dict[int, People], dict[int, float | None]]:
+    """The launches of the period's runs, who launched each run, and its price per hour: the measured runs' as
+    stored, priced at `prices`; the others' (live, ended lately) measured now."""
+    before = now - SETTLED
+    stored = usage_store.measured_launches(db, start=start, end=end, ended_before=before)
+    rates: dict[str, float | None] = {}  # a price per set of GPU models: a report reads few
+    prices_of = {row.run_id: _rate(row.gpu_models, prices, rates) for row in stored}
+    who = {row.run_id: (row.owner, row.created_by, row.launcher) for row in stored}
+    launches = cast(list[Launch], stored)  # rows with Launch's fields, by name
+    runs = usage_store.unmeasured_in_period(db, start=start, end=end, ended_before=before)
+    measured = _measure(db, runs, now=now)
+    for run in runs:
+        seen = measured[run.id]
+        spent = cost.assemble(run, seen.goodput, seen.windows, seen.joules, seen.method, prices=prices)
+        launches += [Launch(run.id, window.launch, window.end, spent.device, attempt.device_hours, attempt.kwh,
+                            spent.goodput)
+                     for window, attempt in zip(seen.windows, spent.attempts, strict=True)]  # fmt: skip
+        who[run.id], prices_of[run.id] = (run.owner, run.created_by, run.launcher), spent.price_per_hour
+    return launches, who, prices_of
+
+
+def _rate(models: str, prices: Mapping[str, float], known: dict[str, float | None]) -> float | None:
+    """The price per hour of the GPU models of this JSON text, worked out once per report."""
+    if models not in known:
+        known[models] = cost.mean_price(json.loads(models), prices)
+    return known[models]
 
 
 class Measured(NamedTuple):
@@ -108,107 +167,104 @@ class Measured(NamedTuple):
     method: EnergyMethod
 
 
-class Kept:
-    """The measures of runs that ended a while ago, by database, run and end (a resumed run ends again later): their
-    ledgers and samples no longer change, and a report over thousands of runs would read every power sample of each,
-    each time (bench/usage.py)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.found: OrderedDict[tuple[str, int, float], Measured] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: tuple[str, int, float]) -> Measured | None:
-        with self.lock:
-            found = self.found.get(key)
-            if found is not None:
-                self.found.move_to_end(key)
-            return found
-
-    def put(self, key: tuple[str, int, float], measured: Measured) -> None:
-        with self.lock:
-            self.found[key] = measured
-            while len(self.found) > self.size:
-                self.found.popitem(last=False)
-
-
-KEPT = Kept(KEPT_RUNS)
-
-
 def _measure(db: Session, runs: Sequence[Run], *, now: datetime) -> dict[int, Measured]:
-    """Each run's goodput, launches and energy. A run over for SETTLED (the points sent just before its end have
-    arrived) is kept measured; the others' events, ledgers and samples are read in bulk, and a run with no ledger is
-    laid out without reading one."""
-    database = str(db.get_bind().engine.url)
-    keys = {
-        run.id: (database, run.id, run.finished_at.timestamp())
-        for run in runs
-        if run.finished_at and _settled(run, now)
-    }
-    found = {run_id: kept for run_id, key in keys.items() if (kept := KEPT.get(key)) is not None}
-    missing = [run for run in runs if run.id not in found]
-    ids = [run.id for run in missing]
+    """Each run's goodput, launches and energy: their events, ledgers and samples read in bulk, and a run with no
+    ledger laid out without reading one."""
+    ids = [run.id for run in runs]
     events = usage_store.events_of(db, run_ids=ids)
     series = usage_store.energy_series(db, run_ids=ids)
     ledgered = usage_store.runs_with_series(db, run_ids=ids, prefix=LEDGER_PREFIX)
-    for run in missing:
+    found = {}
+    for run in runs:
         set_committed_value(run, "events", events.get(run.id, []))  # as a bulk load would: no query per run
         laid = run_goodput(db, run=run, now=now) if run.id in ledgered else goodput.compute(
             run, list(run.events), [], now=now)  # fmt: skip
         windows = cost.windows_of(run, now=now)
         found[run.id] = Measured(laid, windows, *cost.gpu_energy(db, series.get(run.id, {}), windows))
-        if run.id in keys:
-            KEPT.put(keys[run.id], found[run.id])
     return found
 
 
-def _settled(run: Run, now: datetime) -> bool:
-    return run.status.is_final and run.finished_at is not None and now - run.finished_at > SETTLED
+def settle(db: Session, *, now: datetime) -> int:
+    """Measures the runs that ended SETTLED ago or more and have no launches stored since (each one once, or again
+    after a resume), SETTLE_RUNS at a time, and stores their launches; returns how many runs it measured."""
+    done, after = 0, 0
+    while runs := _to_settle(db, now=now, after=after):
+        after = runs[-1][0]
+        try:
+            with db.begin():
+                usage_store.store_launches(db, run_ids=[run_id for run_id, _ in runs],
+                                           rows=[row for _, rows in runs for row in rows])  # fmt: skip
+        except IntegrityError:  # a run deleted meanwhile: its rows have no run to go with; the others wait
+            continue
+        done += len(runs)
+    return done
 
 
-def _groups(run: Run, by: GroupBy, tags: Mapping[int, list[str]]) -> list[str]:
+def _to_settle(db: Session, *, now: datetime, after: int) -> list[tuple[int, list[dict[str, object]]]]:
+    """The next runs to settle after id `after`, each with its launches' rows, read in one transaction."""
+    with db.begin():
+        runs = usage_store.to_measure(db, ended_before=now - SETTLED, after_id=after, limit=SETTLE_RUNS)
+        measured = _measure(db, runs, now=now)
+        return [(run.id, _rows(run, measured[run.id])) for run in runs]
+
+
+def _rows(run: Run, seen: Measured) -> list[dict[str, object]]:
+    """The run's launches as run_costs rows; one with no launch for a run that never launched."""
+    spent = cost.assemble(run, seen.goodput, seen.windows, seen.joules, seen.method, prices={})
+    held = cost.held_by(run)
+    common: dict[str, object] = {
+        "run_id": run.id, "run_ended_at": run.finished_at, "device": spent.device, "devices": spent.devices,
+        "energy_method": spent.energy_method, "gpu_models": dict(Counter(held.models)) if held.gpus else {},
+        "goodput": spent.goodput,
+    }  # fmt: skip
+    rows = [{**common, "attempt": index, "launched": window.launch, "ended": window.end,
+             "device_hours": attempt.device_hours, "kwh": attempt.kwh}
+            for index, (window, attempt) in enumerate(zip(seen.windows, spent.attempts, strict=True))]  # fmt: skip
+    return rows or [{**common, "attempt": 0, "launched": None, "ended": None, "device_hours": 0.0, "kwh": None}]
+
+
+def _groups(run_id: int, people: People, by: GroupBy, tags: Mapping[int, list[str]]) -> list[str]:
+    owner, created_by, launcher = people
     if by == "user":
-        return [run.owner or run.created_by or NO_USER]
+        return [owner or created_by or NO_USER]
     if by == "tag":
-        return tags.get(run.id) or [NO_TAG]
-    return [run.launcher]
+        return tags.get(run_id) or [NO_TAG]
+    return [launcher]
 
 
-def _count(
-    run: Run, spent: RunCost, windows: list[cost.Window], *, names: list[str], start: datetime | None, end: datetime,
-    tallies: tuple[dict[str, Tally], dict[tuple[date, str], Tally], Tally],
-) -> None:  # fmt: skip
-    """Adds each launch's overlap with the period to the run's groups, its weeks and the total."""
+def _count(launch: Launch, price: float | None, *, names: list[str], period: tuple[float, float],
+           tallies: Tallies) -> None:  # fmt: skip
+    """Adds the launch's overlap with the period (unix seconds) to the run's groups, its weeks and the total."""
     groups, weeks, total = tallies
-    low = start.timestamp() if start is not None else float("-inf")
-    for window, attempt in zip(windows, spent.attempts, strict=True):
-        length = window.end - window.launch
-        for week, (begin, finish) in _week_pieces(max(window.launch, low), min(window.end, end.timestamp())):
-            fraction = (finish - begin) / length if length > 0 else 0.0
-            hours, kwh = attempt.device_hours * fraction, None if attempt.kwh is None else attempt.kwh * fraction
-            for tally in (*(groups[name] for name in names), *(weeks[week, name] for name in names), total):
-                tally.add(spent, hours, kwh)
+    length = launch.ended - launch.launched
+    for week, (begin, finish) in _week_pieces(max(launch.launched, period[0]), min(launch.ended, period[1])):
+        fraction = (finish - begin) / length if length > 0 else 0.0
+        hours, kwh = launch.device_hours * fraction, None if launch.kwh is None else launch.kwh * fraction
+        for name in names:
+            groups[name].add(launch, price, hours, kwh)
+            weeks[week, name].add(launch, price, hours, kwh)
+        total.add(launch, price, hours, kwh)
 
 
-def _week_pieces(begin: float, end: float) -> list[tuple[date, tuple[float, float]]]:
-    """[begin, end) in unix seconds cut at each Monday 00:00 UTC, each piece with its week's Monday."""
-    pieces: list[tuple[date, tuple[float, float]]] = []
-    if end <= begin:
-        return pieces
-    day = datetime.fromtimestamp(begin, timezone.utc).date()
-    monday = datetime.combine(day - timedelta(days=day.weekday()), datetime.min.time(), timezone.utc)
-    while monday.timestamp() < end:
-        after = monday + WEEK
-        piece = (max(begin, monday.timestamp()), min(end, after.timestamp()))
+def _week_pieces(begin: float, end: float) -> list[tuple[float, tuple[float, float]]]:
+    """[begin, end) in unix seconds cut at each Monday 00:00 UTC, each piece with its week's Monday (unix seconds):
+    arithmetic, as a report cuts thousands of launches."""
+    pieces: list[tuple[float, tuple[float, float]]] = []
+    days = math.floor(begin / DAY_S)
+    monday = (days - (days + 3) % 7) * DAY_S  # 1970-01-01, day 0, was a Thursday: weekday 3
+    while monday < end:
+        after = monday + WEEK_S
+        piece = (max(begin, monday), min(end, after))
         if piece[1] > piece[0]:
-            pieces.append((monday.date(), piece))
+            pieces.append((monday, piece))
         monday = after
     return pieces
 
 
-def _weeks(weeks: dict[tuple[date, str], Tally]) -> list[UsageWeek]:
+def _weeks(weeks: dict[tuple[float, str], Tally]) -> list[UsageWeek]:
     found = []
-    for (monday, name), tally in sorted(weeks.items()):
+    for (monday_s, name), tally in sorted(weeks.items()):
+        monday = datetime.fromtimestamp(monday_s, timezone.utc).date()
         year, number, _ = monday.isocalendar()
         found.append(UsageWeek(week=f"{year}-W{number:02d}", starts=monday, group=name, gpu_hours=tally.gpu_hours,
                                cpu_hours=tally.cpu_hours, kwh=tally.kwh, cost=tally.cost))  # fmt: skip
@@ -256,29 +312,15 @@ class Spent(NamedTuple):
         return Spent(self.gpu_hours + other.gpu_hours, self.cpu_hours + other.cpu_hours, self.joules + other.joules)
 
 
-class Totals:
-    """Every run's use in all, for /metrics: the runs that ended a while ago summed once and kept until one more ends,
-    is resumed or goes away (one query says so), the others summed at each scrape."""
-
-    def __init__(self) -> None:
-        self.mark: tuple[object, ...] | None = None
-        self.ended = Spent(0.0, 0.0, 0.0)
-        self.lock = threading.Lock()
-
-    def read(self, db: Session, *, now: datetime) -> tuple[Spent, dict[int, Spent]]:
-        """The total, and each run's that has not settled (the live ones among them), as of `now`."""
-        before = now - SETTLED
-        mark = (str(db.get_bind().engine.url), *usage_store.settled_mark(db, ended_before=before))
-        with self.lock:
-            if mark != self.mark:
-                self.ended = _spent(db, usage_store.settled(db, ended_before=before), now=now)[0]
-                self.mark = mark
-            ended = self.ended
-        total, each = _spent(db, usage_store.unsettled(db, ended_before=before), now=now)
-        return ended.plus(total), each
-
-
-TOTALS = Totals()
+def totals(db: Session, *, now: datetime) -> tuple[Spent, dict[int, Spent]]:
+    """Every run's use in all, and each unmeasured run's (the live ones among them), as of `now`: the measured runs'
+    stored launches summed in SQL, the others measured."""
+    settle(db, now=now)
+    with db.begin():
+        sums = usage_store.measured_sums(db, ended_before=now - SETTLED)
+        total, each = _spent(db, usage_store.unmeasured(db, ended_before=now - SETTLED), now=now)
+    gpu, cpu = sums.get("gpu", (0.0, 0.0)), sums.get("cpu", (0.0, 0.0))
+    return total.plus(Spent(gpu[0], cpu[0], (gpu[1] + cpu[1]) * cost.JOULES_PER_KWH)), each
 
 
 def _spent(db: Session, runs: Sequence[Run], *, now: datetime) -> tuple[Spent, dict[int, Spent]]:

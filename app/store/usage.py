@@ -1,16 +1,18 @@
-"""What cost and usage read: the runs whose launches may overlap a period, and each run's GPU power and energy
-series."""
+"""What cost and usage read: the runs whose launches may overlap a period, each run's GPU power and energy series, and
+the stored launches of the runs already measured (run_costs)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import func, or_, select, text
-from sqlalchemy.orm import Session, load_only
+from sqlalchemy import ColumnElement, Row, Text, and_, cast, delete, func, not_, or_, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session, aliased, load_only
 
-from app.core.models import Run, RunEvent, RunTag
+from app.core.models import FINAL_STATUSES, LaunchCost, Run, RunEvent, RunTag
 from app.store import chunks
 from app.store.metrics import SERIES
 
@@ -22,15 +24,6 @@ USAGE_COLUMNS = (
     Run.id, Run.status, Run.created_at, Run.finished_at, Run.launcher, Run.owner, Run.created_by, Run.world_size,
     Run.nproc_per_node, Run.slurm_nodes, Run.slurm_gpus_per_node, Run.gpus, Run.script, Run.restarts,
 )  # fmt: skip
-
-
-def runs_in_period(db: Session, *, start: datetime | None, end: datetime) -> Sequence[Run]:
-    """Runs created before `end` that had not ended before `start`, never one being deleted; only the columns cost
-    and usage read (a report reads thousands: every column of each took two thirds of its time)."""
-    query = select(Run).where(Run.deleting_at.is_(None), Run.created_at < end)
-    if start is not None:
-        query = query.where(or_(Run.finished_at.is_(None), Run.finished_at >= start))
-    return db.scalars(query.options(load_only(*USAGE_COLUMNS)).order_by(Run.id)).all()
 
 
 def events_of(db: Session, *, run_ids: Sequence[int]) -> dict[int, list[RunEvent]]:
@@ -99,26 +92,81 @@ def readings_at_ends(db: Session, *, series_id: int, first: int, last: int) -> c
     return chunks.Points.joined([chunks.read(db, series_id=series_id, first=a, last=b) for a, b in ends])
 
 
-def settled(db: Session, *, ended_before: datetime) -> Sequence[Run]:
-    """Runs that ended before `ended_before` (the columns cost reads); never a run being deleted."""
-    query = select(Run).where(Run.deleting_at.is_(None), Run.finished_at.is_not(None), Run.finished_at < ended_before)
+def measured(*, ended_before: datetime) -> ColumnElement[bool]:
+    """A run that ended before `ended_before` and has its launches in run_costs, measured since it last ended."""
+    stored = aliased(LaunchCost)  # apart from run_costs in a query that reads it too
+    rows = select(stored.run_id).where(stored.run_id == Run.id, stored.run_ended_at == Run.finished_at)
+    # finished_at's test first: with it NULL the whole is false, never NULL, so that not_() of it holds.
+    return and_(Run.finished_at.is_not(None), Run.finished_at < ended_before, Run.status.in_(FINAL_STATUSES),
+                rows.exists())  # fmt: skip
+
+
+def _period(query: Any, *, start: datetime | None, end: datetime) -> Any:
+    """Runs created before `end` that had not ended before `start`, never one being deleted."""
+    query = query.where(Run.deleting_at.is_(None), Run.created_at < end)
+    return query if start is None else query.where(or_(Run.finished_at.is_(None), Run.finished_at >= start))
+
+
+def measured_launches(db: Session, *, start: datetime | None, end: datetime, ended_before: datetime) -> list[Row[Any]]:
+    """The stored launches of the measured runs of the period that overlap it, with who and what launched them, in
+    one query (a run that never launched has none); their GPU models as JSON text, which a report prices once for
+    each distinct text."""
+    query = select(LaunchCost.run_id, LaunchCost.launched, LaunchCost.ended, LaunchCost.device,
+                   LaunchCost.device_hours, LaunchCost.kwh, cast(LaunchCost.gpu_models, Text).label("gpu_models"),
+                   LaunchCost.goodput, Run.owner,
+                   Run.created_by, Run.launcher).join(Run, Run.id == LaunchCost.run_id)  # fmt: skip
+    query = _period(query, start=start, end=end).where(  # measured(), said of the row at hand
+        Run.finished_at < ended_before, Run.status.in_(FINAL_STATUSES), LaunchCost.run_ended_at == Run.finished_at
+    )
+    query = query.where(LaunchCost.launched < end.timestamp())
+    if start is not None:
+        query = query.where(LaunchCost.ended > start.timestamp())
+    return list(db.execute(query.order_by(LaunchCost.run_id, LaunchCost.attempt)))
+
+
+def unmeasured_in_period(
+    db: Session, *, start: datetime | None, end: datetime, ended_before: datetime
+) -> Sequence[Run]:
+    """The runs of the period whose launches are not stored (live, ended lately, or not measured yet); only the
+    columns cost and usage read (a report reads thousands: every column of each took two thirds of its time)."""
+    query = _period(select(Run), start=start, end=end).where(not_(measured(ended_before=ended_before)))
     return db.scalars(query.options(load_only(*USAGE_COLUMNS)).order_by(Run.id)).all()
 
 
-def unsettled(db: Session, *, ended_before: datetime) -> Sequence[Run]:
-    """Runs that have not ended, or ended at or after `ended_before` (the columns cost reads); never one being
-    deleted."""
+def unmeasured(db: Session, *, ended_before: datetime) -> Sequence[Run]:
+    """Every run whose launches are not stored (the columns cost reads); never one being deleted."""
+    query = select(Run).where(Run.deleting_at.is_(None), not_(measured(ended_before=ended_before)))
+    return db.scalars(query.options(load_only(*USAGE_COLUMNS)).order_by(Run.id)).all()
+
+
+def to_measure(db: Session, *, ended_before: datetime, after_id: int, limit: int) -> Sequence[Run]:
+    """Up to `limit` runs past `after_id` that ended before `ended_before` and whose launches are not stored since
+    (never measured, or resumed and ended again), by id; never one being deleted."""
     query = select(Run).where(
-        Run.deleting_at.is_(None), or_(Run.finished_at.is_(None), Run.finished_at >= ended_before)
-    )
-    return db.scalars(query.options(load_only(*USAGE_COLUMNS)).order_by(Run.id)).all()
+        Run.deleting_at.is_(None), Run.id > after_id, Run.finished_at.is_not(None), Run.finished_at < ended_before,
+        Run.status.in_(FINAL_STATUSES), not_(measured(ended_before=ended_before)),
+    )  # fmt: skip
+    return db.scalars(query.options(load_only(*USAGE_COLUMNS)).order_by(Run.id).limit(limit)).all()
 
 
-def settled_mark(db: Session, *, ended_before: datetime) -> tuple[int, int | None, datetime | None]:
-    """How many runs ended before `ended_before`, the highest id and the latest end among them: what changes when one
-    more ends, one is resumed or one goes away."""
-    query = select(func.count(), func.max(Run.id), func.max(Run.finished_at)).where(
-        Run.deleting_at.is_(None), Run.finished_at.is_not(None), Run.finished_at < ended_before
+def store_launches(db: Session, *, run_ids: Sequence[int], rows: Sequence[dict[str, Any]]) -> None:
+    """Replaces these runs' stored launches with `rows`; rows another server process stored meanwhile (the same
+    measures) are left as they are."""
+    db.execute(delete(LaunchCost).where(LaunchCost.run_id.in_(run_ids)))
+    if rows:
+        db.execute(_insert_or_skip(db), rows)
+
+
+def _insert_or_skip(db: Session) -> Any:
+    dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
+    table = LaunchCost.__table__
+    return dialect.insert(table).on_conflict_do_nothing(index_elements=[table.c.run_id, table.c.attempt])
+
+
+def measured_sums(db: Session, *, ended_before: datetime) -> dict[str, tuple[float, float]]:
+    """Per device (gpu, cpu), the device-hours and kWh of every measured run's stored launches."""
+    query = select(LaunchCost.device, func.sum(LaunchCost.device_hours), func.coalesce(func.sum(LaunchCost.kwh), 0.0))
+    query = query.join(Run, Run.id == LaunchCost.run_id).where(
+        Run.deleting_at.is_(None), measured(ended_before=ended_before)
     )
-    count, highest, latest = db.execute(query).one()
-    return int(count), highest, latest
+    return {device: (hours or 0.0, kwh or 0.0) for device, hours, kwh in db.execute(query.group_by(LaunchCost.device))}

@@ -30,6 +30,7 @@ from tests.app import (
     test_queue,
     test_runs_table,
     test_supervisor,
+    test_usage,
 )
 from tests.app.conftest import TOKEN, batch, post, ranks_at_each_step, read_all_pages, running_run, series
 from tests.postgres import new_database, postgres_bin, postgres_server
@@ -161,6 +162,12 @@ def test_a_populated_postgresql_store_codes_its_samples_as_samples_in_place_and_
     admin_dsn: str, tmp_path: Path
 ) -> None:
     test_point_chunks.assert_samples_convert_in_place_and_back(new_database(admin_dsn), tmp_path)
+
+
+def test_a_postgresql_store_from_before_run_costs_is_measured_after_the_upgrade_and_goes_back(
+    admin_dsn: str, tmp_path: Path
+) -> None:
+    test_usage.assert_the_run_costs_migration_measures_old_runs_and_goes_back(new_database(admin_dsn), tmp_path)
 
 
 def test_a_series_as_csv_holds_exactly_its_json_points_on_postgresql(pg_client: TestClient) -> None:

@@ -7,18 +7,24 @@ import csv
 import io
 import subprocess
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic.command import downgrade
+from alembic.command import upgrade as upgrade_to
+from alembic.script import ScriptDirectory
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
+from sqlalchemy import inspect, select, text
 
-from app.core.models import Role, Run, RunEvent, RunStatus, utcnow
+from app.core.db import alembic_config, make_engine, upgrade
+from app.core.models import LaunchCost, Role, Run, RunEvent, RunStatus, utcnow
 from app.core.settings import Settings
 from app.main import create_app
 from app.services import tokens, users
-from tests.app.cost_runs import T0, Plan, at, build
+from tests.app.cost_runs import T0, Plan, at, build, launches
 from tests.app.test_cost import PLANS, PRICES
 from tests.live import REPO, LiveServer, open_run, server_db
 
@@ -175,3 +181,105 @@ def test_metrics_carry_each_live_runs_gpu_hours_and_energy_and_every_runs_total(
     assert found["rankboard_run_gpu_hours_total"].value == pytest.approx(2 * 1, rel=0.01)
     assert found["rankboard_gpu_hours_total"].value == pytest.approx(2 * 3 + 2 * 1, rel=0.01)
     assert found["rankboard_cpu_hours_total"].value == 0 and found["rankboard_energy_joules_total"].value == 0
+
+
+def stored_launches(client: TestClient) -> dict[int, list[tuple[int, float | None]]]:
+    """run_costs as it is: per run, each stored launch's number and device-hours."""
+    found: dict[int, list[tuple[int, float | None]]] = {}
+    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+        for row in db.scalars(select(LaunchCost).order_by(LaunchCost.run_id, LaunchCost.attempt)):
+            found.setdefault(row.run_id, []).append((row.attempt, row.device_hours))
+    return found
+
+
+def test_a_settled_runs_launches_are_measured_once_and_read_back_after_a_restart(settings: Settings) -> None:
+    """The first report stores each settled run's launches; a server started later answers the same from them
+    without its samples (deleted here to show it), at the prices of the day; deleting a run deletes its rows."""
+    with TestClient(create_app(settings.model_copy(update={"gpu_prices": PRICES}))) as client:
+        runs = {name: build(client, plan) for name, plan in PLANS.items()}
+        first = {by: {**usage(client, by=by), "end": None} for by in ("user", "tag")}  # end: now
+        stored = stored_launches(client)
+        for name, plan in PLANS.items():
+            assert [hours for _, hours in stored[runs[name]]] == pytest.approx(
+                [(len(plan.gpus) or plan.ranks) * (end - launch) / HOUR for launch, end in launches(plan)]
+            ), name
+        with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+            db.execute(text("DELETE FROM metric_chunks"))  # the samples and ledgers the rows were measured from
+    with TestClient(create_app(settings.model_copy(update={"gpu_prices": PRICES}))) as client:
+        assert {by: {**usage(client, by=by), "end": None} for by in ("user", "tag")} == first
+        assert client.delete(f"/api/runs/{runs['killed']}").status_code == 200
+        assert runs["killed"] not in stored_launches(client) and len(stored_launches(client)) == len(PLANS) - 1
+    with TestClient(create_app(settings.model_copy(update={"gpu_prices": {"H100": 4.98}}))) as client:
+        ada = next(row for row in usage(client, by="user")["rows"] if row["group"] == "ada")
+    held = {name: sum(end - launch for launch, end in launches(PLANS[name])) / HOUR for name in ("script", "preempted")}
+    assert ada["cost"] == pytest.approx(4.98 * 2 * held["script"])  # the killed run is gone; the A100 has no price
+    assert ada["unpriced_gpu_hours"] == pytest.approx(held["preempted"])
+
+
+def test_a_resumed_run_is_measured_again_when_it_has_settled_again(settings: Settings) -> None:
+    """Its stored launches are for its first end: while it runs again it is measured live, and once it has ended
+    again and settled, its two launches are stored; a run that ended a minute ago is measured, not yet stored."""
+    with TestClient(create_app(settings)) as client:
+        run_id = build(client, long_run())
+        assert usage(client, by="user")["total"]["gpu_hours"] == pytest.approx(2 * 3)
+        assert stored_launches(client) == {run_id: [(0, pytest.approx(6))]}
+        resumed = utcnow() - timedelta(hours=1)
+        with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+            run = db.get(Run, run_id)
+            run.status, run.finished_at = RunStatus.running, None  # as runs.resume and the launch leave it
+            db.add_all([RunEvent(run_id=run_id, at=resumed, status=Q, reason="resume requested"),
+                        RunEvent(run_id=run_id, at=resumed, status=S, reason="torchrun started")])  # fmt: skip
+        assert usage(client, by="user")["total"]["gpu_hours"] == pytest.approx(6 + 2 * 1, rel=1e-3)
+        with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+            run = db.get(Run, run_id)
+            run.status, run.finished_at = RunStatus.succeeded, resumed + timedelta(minutes=59)
+            db.add(RunEvent(run_id=run_id, at=run.finished_at, status=RunStatus.succeeded, reason="done"))
+        assert usage(client, by="user")["total"]["gpu_hours"] == pytest.approx(6 + 2 * 59 / 60)
+        assert stored_launches(client) == {run_id: [(0, pytest.approx(6))]}  # for its first end: stale, not read
+        with client.app.state.sessions() as db, db.begin():  # type: ignore[attr-defined]
+            run = db.get(Run, run_id)  # as if all this happened an hour earlier: it has settled since
+            for thing in [run, *(event for event in run.events if event.at >= resumed)]:
+                attribute = "finished_at" if thing is run else "at"
+                setattr(thing, attribute, getattr(thing, attribute) - timedelta(hours=1))
+        assert usage(client, by="user")["total"]["gpu_hours"] == pytest.approx(6 + 2 * 59 / 60)
+        assert stored_launches(client) == {run_id: [(0, pytest.approx(6)), (1, pytest.approx(2 * 59 / 60))]}
+
+
+COSTS_REVISION = "0023_run_costs"
+
+
+def assert_the_run_costs_migration_measures_old_runs_and_goes_back(url: str, tmp_path: Path) -> None:
+    """A store from before run_costs: after the upgrade the table is empty, the first report measures its old run
+    (two CPU processes for 90 minutes) and stores it; a downgrade drops the table and keeps the run."""
+    before = ScriptDirectory.from_config(alembic_config(url)).get_revision(COSTS_REVISION).down_revision
+    assert isinstance(before, str)
+    upgrade_to(alembic_config(url), before)
+    engine = make_engine(url)
+    created, ended = datetime(2026, 1, 5, 9, 0), datetime(2026, 1, 5, 10, 30)
+    with engine.begin() as connection:
+        run_id = connection.scalar(text(
+            "INSERT INTO runs (name, status, status_reason, created_at, finished_at, workload, nproc_per_node, epoch,"
+            " step, total_steps, samples_per_s, trainer_finished, owner) VALUES ('old', 'succeeded', '', :created,"
+            " :ended, 'mlp', 2, 0, 0, 0, 0, false, 'ada') RETURNING id"
+        ), {"created": created, "ended": ended})  # fmt: skip
+        connection.execute(text("INSERT INTO run_events (run_id, at, status, reason) VALUES (:run, :at, :status, '')"),
+                           [{"run": run_id, "at": created, "status": "starting"},
+                            {"run": run_id, "at": ended, "status": "succeeded"}])  # fmt: skip
+    upgrade(url)
+    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared", database_url=url,
+                        supervise_interval_s=3600)  # fmt: skip
+    with TestClient(create_app(settings)) as client:
+        assert stored_launches(client) == {}
+        assert usage(client, by="user")["rows"][0] == {
+            "group": "ada", "runs": 1, "gpu_hours": 0.0, "cpu_hours": 3.0, "kwh": None, "cost": None,
+            "unpriced_gpu_hours": 0.0, "goodput": None}  # fmt: skip
+        assert stored_launches(client) == {run_id: [(0, 3.0)]}
+    downgrade(alembic_config(url), before)
+    with engine.connect() as connection:
+        assert "run_costs" not in inspect(connection).get_table_names()
+        assert connection.scalar(text("SELECT name FROM runs")) == "old"
+    engine.dispose()
+
+
+def test_a_store_from_before_run_costs_is_measured_after_the_upgrade_and_goes_back(tmp_path: Path) -> None:
+    assert_the_run_costs_migration_measures_old_runs_and_goes_back(f"sqlite:///{tmp_path / 'old.db'}", tmp_path)
