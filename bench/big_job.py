@@ -40,6 +40,17 @@ loop 12%, run lookup 10%, live log 6%, series ids 6%, summaries 4%, commit 3%; a
 chunks 31%, HTTP and the loop 12%, live log 11%, parsing 10%, summaries 10%, tiers 9%, the rest of the group (columns,
 savepoints) 12%, commit 2%, heartbeats 1%, series ids 0.8%, run lookup 0.2%. What is left is per chunk (a node's
 post rewrites 88), numpy's cost per call on small arrays.
+
+Then (2026-11-27, issue 39's follow-up: the points stream reads only whether the run is over, not the page's view;
+stragglers' median of the others read off one sorted list; the supervisor's tick without the nodes' inventory), 128x8
+per-node, 30 s runs, before and after alternated (load 1-3.7), medians of three with the page (ranges): posts/s 69
+(64-73) -> 116 (108-120) of 128; ingest p50/p99 2.52/3.81 s -> 1.47/1.70 s; point-to-page p99 6.9 (6.2-8.1) -> 2.87
+(2.85-2.89) s; 54% (50-57%) -> 90% (84-94%) of the points stored; 0.96 -> 0.88 of a core. Without the page (two a
+side): 99, 122 -> 122, 126 posts/s; p99 2.67, 1.80 -> 1.64, 1.54 s; 77%, 95% -> 95%, 99% stored. Profile after, page
+open: chunks 31%, live log 13%, summaries 11%, parsing 8%, tiers 8%, HTTP and the loop 6%, the points stream's reads
+5.6% (whether the run is over: 0.1%), the rest of the group 5.5%, commit 2%, series ids 1.5%, heartbeats 1%, the
+supervisor 0.1%, the run page's view 0%. Still saturated: the ingest path, chunks first (in
+encoding the samples, about half of it, and decoding them, a quarter).
 """
 
 from __future__ import annotations

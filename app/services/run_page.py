@@ -17,6 +17,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.core.errors import RunNotFound
 from app.core.folders import RunFolders
 from app.core.models import MetricSummary, Run, RunStatus, utcnow
 from app.core.settings import Settings
@@ -40,6 +41,7 @@ from app.services.mfu import run_mfu
 from app.services.run_charts import RunCharts, run_charts
 from app.store import chunks
 from app.store import metrics as metric_store
+from app.store import runs as run_store
 from app.store.goodput import LEDGER_PREFIX
 
 # The keys whose points are not at training steps: the samplers' (at unix seconds) and goodput's (at a report number).
@@ -142,6 +144,16 @@ def run_page_view(db: Session, *, run_id: int, folders: RunFolders, settings: Se
             alerts=tuple(AlertDeliveryOut.model_validate(d) for d in alerts.run_deliveries(db, run_id=run.id)),
             stop_grace=timedelta(seconds=settings.stop_grace_s),
         )
+
+
+def run_is_over(db: Session, *, run_id: int) -> bool:
+    """Whether the run with this id is over, read alone (a stream of points ends on it; the view reads every rank's
+    times for its stragglers); raises RunNotFound."""
+    with db.begin():
+        status = run_store.status_of(db, run_id)
+    if status is None:
+        raise RunNotFound(run_id)
+    return status.is_final
 
 
 def _progress(db: Session, run: Run, state: HealthOut, *, now: datetime) -> Progress:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from sqlalchemy import and_, bindparam, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from app.core.models import Alert, Run, RunStatus, RunToken
 
@@ -22,6 +22,11 @@ def reread_locked(db: Session, run: Run, attribute: str | None = None) -> None:
     column = attribute or "id"
     db.execute(update(Run).where(Run.id == run.id).values({column: getattr(Run, column)}))
     db.refresh(run, attribute_names=[attribute] if attribute else None)
+
+
+def status_of(db: Session, run_id: int) -> RunStatus | None:
+    """The run's status alone; None where there is no such run."""
+    return db.scalar(select(Run.status).where(Run.id == run_id))
 
 
 def run_by_external_key(db: Session, key: str) -> Run | None:
@@ -61,6 +66,9 @@ _TO_SUPERVISE = (
         )
     )
     .order_by(Run.id)
+    # Not the nodes' GPU inventory, which grows with the job (128 nodes' JSON decoded twice a second): what reads it
+    # (a GPU fault's alert) loads it then.
+    .options(defer(Run.gpus))
 )  # fmt: skip
 
 

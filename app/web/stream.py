@@ -24,6 +24,9 @@ from app.services.metrics import LivePoints
 from app.store.metrics import StoredPoint
 
 POLL_SECONDS = 1.0
+# A rendering that takes longer than a tenth of POLL_SECONDS is shared for ten times what it took, so that the pages
+# of a big run (its stragglers read over every rank) take at most a tenth of a core, however many ranks it has.
+RENDER_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,12 @@ class Fragments:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """One poll: the points after the page's cursor, and the fragments."""
+    """One poll: the points after the page's cursor, and the fragments (None for a stream of points alone, which
+    reads only whether the run is over)."""
 
     live: LivePoints
-    fragments: Fragments
+    fragments: Fragments | None
+    final: bool
 
 
 @dataclass
@@ -50,6 +55,7 @@ class _Rendering:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     at: float = -math.inf  # time.monotonic()
+    took: float = 0.0  # seconds
     fragments: Fragments | None = None
 
 
@@ -59,8 +65,9 @@ class SharedFragments:
     Every page of a run polls once a second, and each would render the same fragments from the same rows and files:
     the first poll renders them, and the polls of the same run within `max_age_s` after it get that rendering. So a
     page sees what it would have seen polling a moment earlier; nothing else is kept, no fragment is ever older than
-    `max_age_s`, and a restarted server starts empty. A rendering of a finished run is never shared: a run can be
-    resumed the next moment, and a page opened then must not end its stream on what the run was before.
+    `max_age_s` (or than what its rendering took over RENDER_SHARE, where that is longer), and a restarted server
+    starts empty. A rendering of a finished run is never shared: a run can be resumed the next moment, and a page
+    opened then must not end its stream on what the run was before.
     """
 
     def __init__(self, max_age_s: float = POLL_SECONDS) -> None:
@@ -74,9 +81,11 @@ class SharedFragments:
             self._forget_unwatched()
             last = self._runs.setdefault(run_id, _Rendering())
         with last.lock:  # a page asking meanwhile waits for this rendering rather than making its own
-            fresh = time.monotonic() - last.at < self.max_age_s
+            fresh = time.monotonic() - last.at < max(self.max_age_s, last.took / RENDER_SHARE)
             if last.fragments is None or not fresh or last.fragments.final:
+                began = time.monotonic()
                 last.fragments, last.at = render(), time.monotonic()
+                last.took = last.at - began
             return last.fragments
 
     def _forget_unwatched(self) -> None:
@@ -125,22 +134,20 @@ def _changed(fragments: Fragments, state: StreamState) -> list[str]:
     return news
 
 
-async def run_events(
-    request: Request, *, run_id: int, after_id: int, snapshot: Callable[[int], Snapshot], with_fragments: bool = True
-) -> AsyncIterator[str]:
-    """The stream of one run page (its points alone without `with_fragments`); ends with an `end` event once the run
-    is over and everything was sent."""
+async def run_events(request: Request, *, after_id: int, snapshot: Callable[[int], Snapshot]) -> AsyncIterator[str]:
+    """The stream of one run page (its points alone where the snapshots have no fragments); ends with an `end` event
+    once the run is over and everything was sent."""
     state = StreamState(after_id=after_id)
     while not await request.is_disconnected():
         snap = await run_in_threadpool(snapshot, state.after_id)
-        fragments, live, points = snap.fragments, snap.live, snap.live.points
+        live, points = snap.live, snap.live.points
         state.after_id = live.cursor
         if points or live.missed or live.others:
             yield message("points", points_json(points, missed=live.missed, others=live.others), state.after_id)
-        if with_fragments:
-            for news in _changed(fragments, state):
+        if snap.fragments is not None:
+            for news in _changed(snap.fragments, state):
                 yield news
-        if fragments.final and not points:
+        if snap.final and not points:
             yield message("end", "")
             return
         if not points:  # a backlog is sent at once, page by page; otherwise wait for news

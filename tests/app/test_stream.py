@@ -162,3 +162,18 @@ def test_pages_of_one_run_share_one_rendering_a_second() -> None:
     time.sleep(0.6)
     later = shared.get(1, render).status_html
     assert first == ["status 1"] * 20 and other_run == "status 2" and later == "status 3"
+
+
+def test_a_slow_rendering_is_shared_for_ten_times_what_it_took() -> None:
+    # A big run's view (stragglers over every rank) may take a good part of a second: its pages then see it renewed
+    # less often, rather than the server spending a core on it.
+    shared, renderings = SharedFragments(max_age_s=0.05), []
+
+    def render() -> Fragments:
+        renderings.append(time.monotonic())
+        time.sleep(0.2)
+        return Fragments(f"status {len(renderings)}", "", "", final=False)
+
+    first = shared.get(1, render).status_html
+    time.sleep(0.3)  # past max_age_s, within ten times the rendering's 0.2 s
+    assert (first, shared.get(1, render).status_html) == ("status 1", "status 1")

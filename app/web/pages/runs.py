@@ -17,7 +17,7 @@ from app.launcher.launchers import Launchers, kind
 from app.schemas.runs import RunCreate
 from app.services import checkpoints, health, metrics, queue, runs, runs_table, scripts
 from app.services.metrics import LivePoints
-from app.services.run_page import RunPageView, run_page_view
+from app.services.run_page import RunPageView, run_is_over, run_page_view
 from app.store import runs_table_query as run_query
 from app.web.deps import CallerDep, FoldersDep, LaunchersDep, SessionDep, SettingsDep
 from app.web.forms import form_values_like, like_refusal, parse_run_form, run_form_groups
@@ -234,15 +234,23 @@ def run_stream(
     keys = None if watch is None else frozenset(watch)
 
     def snapshot(after_id: int) -> Snapshot:
-        # The fragments first: a run seen final has stored its last point, so the points read after it are all.
-        fragments = request.app.state.run_fragments.get(run_id, lambda: run_fragments(request, run_id))
+        # Whether it is over first: a run seen final has stored its last point, so the points read after it are all.
+        # A stream of points alone reads only that, not the view its fragments render from.
+        fragments = None
+        if parts == "points":
+            with request.app.state.sessions() as session:
+                final = run_is_over(session, run_id=run_id)
+        else:
+            fragments = request.app.state.run_fragments.get(run_id, lambda: run_fragments(request, run_id))
+            final = fragments.final
         if parts == "fragments":
-            return Snapshot(LivePoints([], after_id, missed=False), fragments)
+            return Snapshot(LivePoints([], after_id, missed=False), fragments, final)
         with request.app.state.sessions() as session:
-            return Snapshot(metrics.new_points(session, run_id=run_id, after_id=after_id, watch=keys), fragments)
+            live = metrics.new_points(session, run_id=run_id, after_id=after_id, watch=keys)
+        return Snapshot(live, fragments, final)
 
     after_id = after if last_event_id is None else last_event_id
-    events = run_events(request, run_id=run_id, after_id=after_id, snapshot=snapshot, with_fragments=parts != "points")
+    events = run_events(request, after_id=after_id, snapshot=snapshot)
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
 
