@@ -179,7 +179,11 @@ def test_with_fair_share_the_user_who_used_least_goes_first_among_equal_prioriti
     with TestClient(create_app(settings.model_copy(update={"fair_share": True}))) as client:
         sessions = client.app.state.sessions  # type: ignore[attr-defined]
         with sessions() as db, db.begin():
-            db.add_all([ran("ada", 2, 3, 1, now=utcnow()), ran("ada", 2, None, None), ran("bo", 2, None, None),
+            # Both slots held by this test's process (zed's, not in the queue): a tick that comes meanwhile starts
+            # nothing, and the queue keeps all three.
+            held = ran("zed", 2, 0.5, None, now=utcnow(), devices=[0, 1], pid=os.getpid(), preemptible=False,
+                       pid_start_ticks=processes.start_ticks(os.getpid()))  # fmt: skip
+            db.add_all([held, ran("ada", 2, 3, 1, now=utcnow()), ran("ada", 2, None, None), ran("bo", 2, None, None),
                         ran("cy", 2, None, None, priority=-100)])  # fmt: skip
         order = [(q["owner"], q["position"]) for q in client.get("/api/queue").json()["queued"]]
     assert order == [("bo", 1), ("ada", 2), ("cy", 3)]  # ada came first, but held 4 CPU slot-hours today
