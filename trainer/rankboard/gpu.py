@@ -48,6 +48,7 @@ MIN_SAMPLE_S = 1.0  # a step is a whole second: two samples in one second would 
 # they change, and at least this often, so that a chart has points and the newest value is never old.
 COUNTER_EVERY_S = 60
 ENERGY_EVERY_S = 60  # nvmlDeviceGetTotalEnergyConsumption costs 3.9 ms on an H100 (NVML-H100.md): once a minute
+PCIE_EVERY_S = 10  # nvmlDeviceGetPcieReplayCounter costs 149 us there, 100x any other read: every 10 s is enough
 MAX_PENDING_XIDS = 100  # drained from NVML each pass, posted one a pass
 REMAP_FIELDS = ("remap_corrected", "remap_uncorrected", "remap_pending", "remap_failure")
 # nvmlDeviceGetNvLinkErrorCounter's counters, in the order of their numbers (NVML_NVLINK_ERROR_DL_*), summed over links.
@@ -390,7 +391,8 @@ def _readings() -> tuple[Reading, ...]:
         one("ecc_dbe_aggregate", lambda nvml, h: _ecc(nvml, h, True, True), counter=True),
         Reading(REMAP_FIELDS, _fields(REMAP_FIELDS, lambda nvml, h: nvml.nvmlDeviceGetRemappedRows(h)), counter=True),
         one("retired_pending", lambda nvml, h: nvml.nvmlDeviceGetRetiredPagesPendingStatus(h), counter=True),
-        one("pcie_replay", lambda nvml, h: nvml.nvmlDeviceGetPcieReplayCounter(h), counter=True),
+        one("pcie_replay", lambda nvml, h: nvml.nvmlDeviceGetPcieReplayCounter(h), counter=True,
+            every_s=PCIE_EVERY_S),
         Reading(NVLINK_FIELDS, _nvlink_errors, counter=True),
         one("energy", lambda nvml, h: nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000,  # mJ -> J
             every_s=ENERGY_EVERY_S),
