@@ -77,7 +77,7 @@ from rankboard.report import IngestConnection, Reporter
 from sqlalchemy import text
 
 from app.core.db import make_engine
-from tests.live import REPO, LiveServer, open_run
+from tests.live import REPO, LiveServer, open_run, server_sent_events
 from tests.postgres import new_database, postgres_server
 
 TOKEN = "bench-token"
@@ -207,18 +207,10 @@ def read_stream(url: str, run_id: int, watched: set[str], figures: Figures, stop
             headers = {"Last-Event-ID": last_id} if last_id else {}
             try:
                 with client.stream("GET", f"/runs/{run_id}/stream", params=params, headers=headers) as response:
-                    event = data = ""
-                    for line in response.iter_lines():
-                        if line.startswith("id: "):
-                            last_id = line[4:]
-                        elif line.startswith("event: "):
-                            event = line[7:]
-                        elif line.startswith("data: "):
-                            data += line[6:]
-                        elif not line:
-                            if event == "points":
-                                _arrived(json.loads(data), figures, time.time())
-                            event = data = ""
+                    for message_id, event, data in server_sent_events(response.iter_lines()):
+                        last_id = message_id or last_id
+                        if event == "points":
+                            _arrived(json.loads(data), figures, time.time())
                         if stop.is_set():
                             return
             except httpx.HTTPError:

@@ -62,7 +62,7 @@ from rankboard.report import IngestConnection
 from sqlalchemy import text
 
 from app.core.db import make_engine
-from tests.live import LiveServer, open_run
+from tests.live import LiveServer, open_run, server_sent_events
 
 TOKEN = "bench-token"
 HOST = "bench-node"
@@ -141,18 +141,10 @@ def read_stream(url: str, page: Page, until: Callable[[], bool]) -> None:
             try:
                 with client.stream("GET", f"/runs/{page.run_id}/stream", headers=headers) as response:
                     response.raise_for_status()
-                    event, data = "", ""
-                    for line in response.iter_lines():
-                        if line.startswith("id: "):
-                            last_id = line[4:]
-                        elif line.startswith("event: "):
-                            event = line[7:]
-                        elif line.startswith("data: "):
-                            data += line[6:]
-                        elif not line:
-                            if event == "points":
-                                received(page, data, time.time())
-                            event, data = "", ""
+                    for message_id, event, data in server_sent_events(response.iter_lines()):
+                        last_id = message_id or last_id
+                        if event == "points":
+                            received(page, data, time.time())
                         if until():
                             return
             except httpx.ReadTimeout:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -162,3 +162,21 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, interval: float 
             return result
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def server_sent_events(lines: Iterable[str]) -> Iterator[tuple[str | None, str, str]]:
+    """Each message of an event stream's lines, as EventSource splits them: its id (None without one), its event and
+    its data. A blank line ends a message; one without any (a keep-alive) comes as (None, "", ""), so that a reader
+    can look at its clock."""
+    last_id: str | None = None
+    event = data = ""
+    for line in lines:
+        if line.startswith("id: "):
+            last_id = line[4:]
+        elif line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data += line[6:]
+        elif not line:
+            yield last_id, event, data
+            last_id, event, data = None, "", ""

@@ -23,7 +23,7 @@ from app.core.models import utcnow
 from app.launcher.local import LAUNCH_MARKER, LAUNCHER_LOG
 from app.store import leases
 from app.workers.lease import SUPERVISOR
-from tests.live import REPO, LiveServer, open_run, points, server_db, wait_for
+from tests.live import REPO, LiveServer, open_run, points, server_db, server_sent_events, wait_for
 from tests.postgres import new_database, postgres_bin, postgres_server
 
 TOKEN = "workers-t0ken"
@@ -139,14 +139,14 @@ def test_a_live_stream_gets_points_whichever_worker_took_them(server: LiveServer
             break
     assert posted_by - {page_worker}, "some posts went to the worker that does not serve the page"
     received: set[int] = set()
-    event = ""
-    while not posted <= received:  # the socket's 30 s timeout fails the test if the points never come
-        line = stream.fp.readline().decode().rstrip("\n")
-        if line.startswith("event: "):
-            event = line[7:]
-        elif line.startswith("data: ") and event == "points":
-            for series in json.loads(line[6:])["series"].values():
+    lines = (line.decode().rstrip("\n") for line in iter(stream.fp.readline, b""))
+    for _id, event, data in server_sent_events(lines):  # the socket's 30 s timeout fails the test if none come
+        if event == "points":
+            for series in json.loads(data)["series"].values():
                 received.update(series["steps"])
+        if posted <= received:
+            break
+    assert posted <= received, "the stream ended before every point came"
     page.close()
 
 
