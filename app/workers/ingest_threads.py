@@ -24,7 +24,9 @@ WORKERS = 8  # parsing only: a batch of 10,000 points takes a few ms, and posts 
 class IngestThreads:
     def __init__(self, nice: int) -> None:
         self.nice = nice
-        self._executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="rankboard-ingest", initializer=self._lower)
+        self._executor = ThreadPoolExecutor(
+            WORKERS, thread_name_prefix="rankboard-ingest", initializer=lower_this_thread, initargs=(nice,)
+        )
 
     async def run(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, work)
@@ -32,8 +34,10 @@ class IngestThreads:
     def close(self) -> None:
         self._executor.shutdown(wait=True)
 
-    def _lower(self) -> None:
-        # Not on Linux a thread id is no process id: the batches are taken all the same, at the server's niceness.
-        with contextlib.suppress(OSError):
-            if self.nice:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)  # Linux: this thread alone
+
+def lower_this_thread(nice: int) -> None:
+    """Lowers the calling thread's priority by `nice` (RANKBOARD_INGEST_NICE); the other threads keep theirs."""
+    # Not on Linux a thread id is no process id: the batches are taken all the same, at the server's niceness.
+    with contextlib.suppress(OSError):
+        if nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)  # Linux: this thread alone

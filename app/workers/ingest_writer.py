@@ -10,7 +10,6 @@ grouping in the same way. The batches are parsed before they come here, on the i
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import threading
 from concurrent.futures import Future
@@ -21,6 +20,7 @@ from app.schemas.metrics import IngestResult
 from app.services import metrics
 from app.services.metrics import IngestCounters, Post
 from app.store.metrics import SeriesIds
+from app.workers.ingest_threads import lower_this_thread
 
 GROUP = 256  # batches in one transaction at most: a commit's latency stays bounded when a backlog drains
 WRITERS = {"sqlite": 1, "postgresql": 4}
@@ -71,7 +71,7 @@ class IngestWriter:
             thread.join()
 
     def _run(self) -> None:
-        self._lower()
+        lower_this_thread(self.nice)
         while (first := self._queue.get()) is not None:
             group = [first]
             with contextlib.suppress(queue.Empty):
@@ -95,9 +95,3 @@ class IngestWriter:
                 done.set_exception(outcome)
             else:
                 done.set_result(outcome)
-
-    def _lower(self) -> None:
-        # Not on Linux a thread id is no process id: the batches are stored all the same, at the server's niceness.
-        with contextlib.suppress(OSError):
-            if self.nice:
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)  # Linux: this thread alone
