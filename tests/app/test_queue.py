@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
+from sqlalchemy.orm import Session
 
+from app.core.db import make_engine
 from app.core.models import Role, Run, RunStatus, utcnow
 from app.core.settings import Settings
 from app.launcher import processes
@@ -176,14 +178,15 @@ def test_fair_share_sums_each_owners_slot_hours_in_the_window(client: TestClient
 
 
 def test_with_fair_share_the_user_who_used_least_goes_first_among_equal_priorities(settings: Settings) -> None:
+    # The runs are stored before the server starts: its supervisor's first tick, in a thread of its own, then sees
+    # both slots held by this test's process (zed's, not in the queue), starts nothing, and the queue keeps all three.
+    engine = make_engine(settings.sqlalchemy_url)
+    with Session(engine) as db, db.begin():
+        held = ran("zed", 2, 0.5, None, now=utcnow(), devices=[0, 1], pid=os.getpid(), preemptible=False,
+                   pid_start_ticks=processes.start_ticks(os.getpid()))  # fmt: skip
+        db.add_all([held, ran("ada", 2, 3, 1, now=utcnow()), ran("ada", 2, None, None), ran("bo", 2, None, None),
+                    ran("cy", 2, None, None, priority=-100)])  # fmt: skip
+    engine.dispose()
     with TestClient(create_app(settings.model_copy(update={"fair_share": True}))) as client:
-        sessions = client.app.state.sessions  # type: ignore[attr-defined]
-        with sessions() as db, db.begin():
-            # Both slots held by this test's process (zed's, not in the queue): a tick that comes meanwhile starts
-            # nothing, and the queue keeps all three.
-            held = ran("zed", 2, 0.5, None, now=utcnow(), devices=[0, 1], pid=os.getpid(), preemptible=False,
-                       pid_start_ticks=processes.start_ticks(os.getpid()))  # fmt: skip
-            db.add_all([held, ran("ada", 2, 3, 1, now=utcnow()), ran("ada", 2, None, None), ran("bo", 2, None, None),
-                        ran("cy", 2, None, None, priority=-100)])  # fmt: skip
         order = [(q["owner"], q["position"]) for q in client.get("/api/queue").json()["queued"]]
     assert order == [("bo", 1), ("ada", 2), ("cy", 3)]  # ada came first, but held 4 CPU slot-hours today
