@@ -180,7 +180,8 @@ def _decimals(values: np.ndarray) -> tuple[int, np.ndarray] | None:
         scale = 10.0**digits
         if not math.isfinite(first) or abs(first * scale) > 2**53 or round(first * scale) / scale != first:
             continue
-        whole = np.rint(values * scale)
+        with np.errstate(over="ignore"):  # a value near the float's limit overflows to infinity, refused below
+            whole = np.rint(values * scale)
         if not np.abs(whole).max() <= 2**53:  # NaN and infinities too: a cast of them would warn
             continue
         numbers = whole.astype("<i8")
