@@ -180,13 +180,14 @@ class _Group:
         if joins:
             external.took_batch(self.db, run)
         ids = self._ids(run, batch, self._post_series)
-        written = metric_store.insert_points(self.db, _columns(batch, ids), log=False, locked=True)  # _lock_series
+        columns = _columns(batch, ids)
+        written = metric_store.insert_points(self.db, columns, log=False, locked=True, append=True)  # _lock_series
         nodes.record(self.db, run=run, node=batch.node, heartbeats=batch.all_heartbeats)
         _apply_progress(self.db, run, batch)
         for ending in batch.all_endings if joins else ():
             external.ended(self.db, run, ending)
         stop = joins and run.stop_requested_at is not None
-        stored = sum(int(chunk.added.sum()) for chunk in written)
+        stored = sum(len(chunk.new.steps) for chunk in written)
         dump = dump_requests.pending(run, now=utcnow())
         return IngestResult(accepted=batch.size, stored=stored, stop=stop, dump=dump), written
 
@@ -285,7 +286,7 @@ def _store_points(db: Session, *, run_id: int, batch: BatchIn) -> int:
     ids = metric_store.series_ids(db, run_id=run_id, keys=_keys(batch))
     written = metric_store.insert_points(db, _columns(batch, ids))
     _refresh(db, written, log=False)
-    return sum(int(chunk.added.sum()) for chunk in written)
+    return sum(len(chunk.new.steps) for chunk in written)
 
 
 def ingest_leftover_spools(db: Session, *, run_id: int, run_dir: Path) -> int:

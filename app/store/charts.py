@@ -306,12 +306,12 @@ def _finest_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
     starts, ends, lows, highs = starts[touched], ends[touched], lows[touched], highs[touched]
     series = np.array([chunk.series_id for chunk in written])[owner[starts]].tolist()
     ranks = np.array([chunk.rank for chunk in written])[owner[starts]].tolist()
-    rows = zip(series, bucket[starts].tolist(), ranks, _nulls(lows), _nulls(highs), steps[ends].tolist(),
-               _nulls(values[ends]), times[ends].tolist(), strict=True)  # fmt: skip
+    rows = zip(series, bucket[starts].tolist(), ranks, nulls(lows), nulls(highs), steps[ends].tolist(),
+               nulls(values[ends]), times[ends].tolist(), strict=True)  # fmt: skip
     return [(s, finest, b, rank, low, high, step, last, when) for s, b, rank, low, high, step, last, when in rows]
 
 
-def _nulls(values: np.ndarray) -> list[float | None]:
+def nulls(values: np.ndarray) -> list[float | None]:
     """NaN as None: SQLite would turn NaN into NULL, but PostgreSQL keeps it, and sorts it above every number."""
     return [None if value != value else value for value in values.tolist()]
 
@@ -378,13 +378,11 @@ def _added_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
     """Per tier, the rows that the added points alone make of each (series, bucket, rank) they fall in."""
     import numpy as np
 
-    written = [chunk for chunk in written if chunk.added.any()]
+    written = [chunk for chunk in written if len(chunk.new.steps)]
     if not written:
         return []
-    steps = np.concatenate([chunk.merged.steps[chunk.added] for chunk in written])
-    values = np.concatenate([chunk.merged.values[chunk.added] for chunk in written])
-    times = np.concatenate([chunk.merged.times[chunk.added] for chunk in written])
-    owner = np.repeat(np.arange(len(written)), [int(chunk.added.sum()) for chunk in written])
+    steps, values, times = (np.concatenate(parts) for parts in zip(*(c.new.columns() for c in written), strict=True))
+    owner = np.repeat(np.arange(len(written)), [len(chunk.new.steps) for chunk in written])
     series_of = np.array([chunk.series_id for chunk in written])
     rank_of = np.array([chunk.rank for chunk in written])
     rows: list[tuple[Any, ...]] = []
@@ -394,6 +392,6 @@ def _added_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
         ends = np.r_[starts[1:], len(steps)] - 1
         lows, highs = np.fmin.reduceat(values, starts), np.fmax.reduceat(values, starts)
         rows += zip(series_of[owner[starts]].tolist(), [tier] * len(starts), bucket[starts].tolist(),
-                    rank_of[owner[starts]].tolist(), _nulls(lows), _nulls(highs), steps[ends].tolist(),
-                    _nulls(values[ends]), times[ends].tolist(), strict=True)  # fmt: skip
+                    rank_of[owner[starts]].tolist(), nulls(lows), nulls(highs), steps[ends].tolist(),
+                    nulls(values[ends]), times[ends].tolist(), strict=True)  # fmt: skip
     return rows

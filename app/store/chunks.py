@@ -23,19 +23,27 @@ point where they took 4.8, a host's 3.9 where they took 6.0 (bench/samples_codec
 the times' jitter, which a point's exact float64 time keeps. A noisy float (a loss) fails the decimal test at its
 first value and keeps the shuffled floats, byte for byte as before.
 
+Ingest appends (`write` with `append`): a post that adds steps after a chunk's last one adds them as raw records
+after its packed points, without unpacking or packing them again (a GPU node's post adds one point to each of ~90
+chunks, and that packing was a third of the server's CPU at 1,024 GPUs). Past TAIL_MAX records, or when a point
+lands before the chunk's last, the chunk is packed whole again; and the chunk before a (series, rank)'s new one is
+packed whole when that one starts, so a tail remains only on each (series, rank)'s newest chunk (and on an older
+one that points came late to).
+
 numpy is imported by the functions that use it, not at import: it was a tenth of an idle server's memory, and a
 server that only serves pages never needs it.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.orm import Session
@@ -51,10 +59,18 @@ SPAN = 64
 LEVEL = 1
 # SQLite allows 32,766 parameters in one statement: 3 per chunk key.
 KEYS_PER_STATEMENT = 8000
-# A blob's first byte: zlib's header for shuffled float columns (every chunk before 0021, and the live pages' log),
-# SAMPLES for integer-coded samples (the byte after it: their decimal digits).
+# A blob's first byte: zlib's header for shuffled float columns (every chunk before 0021), SAMPLES for
+# integer-coded samples (the byte after it: their decimal digits), TAILED for packed points with raw records
+# appended (the 4 bytes after it: the packed part's length), RECORDS for raw records alone (the live pages' log).
 SHUFFLED = 0x78
 SAMPLES = 0x01
+TAILED = 0x02
+RECORDS = 0x03
+# A raw record: the step (int64), the value and the time (float64), little-endian.
+RECORD = struct.Struct("<qdd")
+# The most records a chunk's tail holds before the chunk is packed whole again: a tail costs 24 bytes a point where
+# a packed sample costs ~3, and packing 64 points costs about what packing one does (numpy's cost per call).
+TAIL_MAX = 16
 # The most decimal digits a sample's values may have: NVML's milliwatts as watts.
 MAX_DECIMALS = 3
 ChunkKey = tuple[int, int, int]  # (series_id, chunk, rank)
@@ -111,32 +127,46 @@ class Column:
         import numpy as np
 
         step_array = np.asarray(steps, dtype=np.int64)
+        value_array, time_array = np.asarray(values, dtype=np.float64), np.asarray(times, dtype=np.float64)
+        if len(step_array) < 2 or (step_array[1:] > step_array[:-1]).all():  # as trainers send: np.unique sorts
+            return Column(step_array, value_array, time_array)
         unique, first = np.unique(step_array, return_index=True)
-        return Column(unique, np.asarray(values, dtype=np.float64)[first], np.asarray(times, dtype=np.float64)[first])
+        return Column(unique, value_array[first], time_array[first])
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.steps, self.values, self.times
 
 
 @dataclass(frozen=True)
 class Written:
-    """One chunk a batch changed: all its points now, and which of them the batch added."""
+    """One chunk a batch changed: all its points now (or, appended to it, the points added alone: `write`), and which
+    of them the batch added."""
 
     series_id: int
     rank: int
     merged: Column
     added: np.ndarray  # bool mask over merged
+    new: Column = None  # type: ignore[assignment]  # the added points alone: made from the two above if not given
+
+    def __post_init__(self) -> None:
+        if self.new is None:
+            added = self.added
+            object.__setattr__(self, "new", Column(*(column[added] for column in self.merged.columns())))
 
 
 def combined(written: Sequence[Written]) -> list[Written]:
-    """Chunks written by several batches of one transaction as each chunk once: its last state (which holds every
-    earlier one's points), with every point any of them added marked as added."""
+    """Chunks written by several batches of one transaction as each chunk once: the points of all of them, with
+    every point any of them added marked as added."""
     import numpy as np
 
     latest: dict[ChunkKey, Written] = {}
     for chunk in written:
         key = (chunk.series_id, int(chunk.merged.steps[0]) // SPAN, chunk.rank)
         before = latest.get(key)
-        if before is not None:  # `chunk` holds every point of `before`: carry its added marks over by step
-            earlier = before.merged.steps[before.added]
-            chunk = Written(key[0], key[2], chunk.merged, chunk.added | np.isin(chunk.merged.steps, earlier))
+        if before is not None:
+            merged, _ = _merged(before.merged, chunk.merged)
+            new, _ = _merged(before.new, chunk.new)
+            chunk = Written(key[0], key[2], merged, np.isin(merged.steps, new.steps), new)
         latest[key] = chunk
     return list(latest.values())
 
@@ -165,8 +195,38 @@ def decode(blob: bytes, n: int) -> Column:
 
     if blob[0] == SAMPLES:
         return _decode_samples(blob, n)
+    if blob[0] == RECORDS:
+        return _from_records(memoryview(blob)[1:])
+    if blob[0] == TAILED:
+        (size,) = struct.unpack_from("<I", blob, 1)
+        head, tail = memoryview(blob)[5 : 5 + size], _from_records(memoryview(blob)[5 + size :])
+        packed = decode(head, n - len(tail.steps))  # every step of a tail comes after them
+        return Column(*(np.concatenate(pair) for pair in zip(packed.columns(), tail.columns(), strict=True)))
     columns = _unshuffled(zlib.decompress(blob), n)
     return Column(np.cumsum(columns[0].view("<i8")), columns[1].view("<f8"), columns[2].view("<f8"))
+
+
+def records(steps: np.ndarray, values: np.ndarray, times: np.ndarray) -> bytes:
+    """Points as raw records (RECORD), unpacked: for a chunk's tail, and data kept briefly."""
+    import numpy as np
+
+    out = np.empty(len(steps), _record_type())
+    out["step"], out["value"], out["time"] = steps, values, times
+    return out.tobytes()
+
+
+def _from_records(data: memoryview) -> Column:
+    import numpy as np
+
+    found = np.frombuffer(data, _record_type())
+    return Column(*(np.ascontiguousarray(found[name]) for name in ("step", "value", "time")))
+
+
+@functools.cache
+def _record_type() -> np.dtype[Any]:
+    import numpy as np
+
+    return np.dtype([("step", "<i8"), ("value", "<f8"), ("time", "<f8")])
 
 
 def _decimals(values: np.ndarray) -> tuple[int, np.ndarray] | None:
@@ -249,14 +309,53 @@ def marker(connection: Connection) -> str:
     return "?" if connection.dialect.paramstyle == "qmark" else "%s"
 
 
-def write(db: Session, columns: Mapping[tuple[int, int], Column], *, samples: bool = False) -> list[Written]:
+def write(
+    db: Session, columns: Mapping[tuple[int, int], Column], *, samples: bool = False, append: bool = False
+) -> list[Written]:
     """Stores each (series_id, rank)'s column, merged into the chunks already stored; returns the chunks it changed.
 
     A point whose (series, step, rank) is stored already is skipped. Call it inside the ingest transaction with the
     series locked (app.store.metrics.insert_points): it reads the chunks, then writes them back. `samples` codes a
     chunk of short decimals as samples, as ingest does; without it every chunk is shuffled floats, as before 0021
     (0015 moves an old store through here, and 0018 reads what it wrote as such; 0021 converts the samples).
+    `append`, as ingest does, adds steps after a chunk's last as its tail where it can: such a chunk's Written holds
+    only the points added, not the chunk's others, so it cannot rebuild chart tiers (app.store.charts.refresh_tiers).
     """
+    import numpy as np
+
+    incoming = _by_chunk(columns)
+    stored = _read_rows(db, incoming.keys(), _SAME_CHUNK)
+    # The chunk before each new one takes no more appends: packed whole, if it has a tail, or as it is written.
+    before = _read_rows(db, [key for key in incoming if key not in stored], _CHUNK_BEFORE) if append else {}
+    written, rows = [], []
+    for key, new in incoming.items():
+        row = stored.get(key)
+        tailed = _appended(row, new) if append and row is not None and key not in before else None
+        if tailed is not None:
+            written.append(Written(key[0], key[2], new, np.ones(len(new.steps), bool), new))
+            rows.append((*key, row.n + len(new.steps), min(row.first_time, float(new.times.min())), tailed))
+            continue
+        merged, added = _merged(None if row is None else decode(row.data, row.n), new)
+        if not (added[-1] or added.any()):  # appended points make the last one new
+            continue
+        written.append(Written(key[0], key[2], merged, added))
+        rows.append((*key, len(merged.steps), float(merged.times.min()), encode(*merged.columns(), samples=samples)))
+    for key, row in before.items():
+        if row.data[0] == TAILED and key not in incoming:
+            rows.append((*key, row.n, row.first_time, encode(*decode(row.data, row.n).columns(), samples=samples)))
+    if rows:
+        connection = db.connection()
+        connection.exec_driver_sql(
+            "INSERT INTO metric_chunks (series_id, chunk, rank, n, first_time, data)"
+            f" VALUES ({', '.join([marker(connection)] * 6)}) ON CONFLICT (series_id, chunk, rank) DO UPDATE"
+            " SET n = excluded.n, first_time = excluded.first_time, data = excluded.data",
+            rows,
+        )
+    return written
+
+
+def _by_chunk(columns: Mapping[tuple[int, int], Column]) -> dict[ChunkKey, Column]:
+    """Each column cut where its steps pass into another chunk."""
     import numpy as np
 
     incoming: dict[ChunkKey, Column] = {}
@@ -270,24 +369,28 @@ def write(db: Session, columns: Mapping[tuple[int, int], Column], *, samples: bo
             if len(part):
                 piece = Column(column.steps[part], column.values[part], column.times[part])
                 incoming[(series_id, int(chunk_of[part[0]]), rank)] = piece
-    stored = _read_chunks(db, incoming.keys())
-    written, rows = [], []
-    for key, new in incoming.items():
-        merged, added = _merged(stored.get(key), new)
-        if not (added[-1] or added.any()):  # appended points make the last one new
-            continue
-        written.append(Written(key[0], key[2], merged, added))
-        blob = encode(merged.steps, merged.values, merged.times, samples=samples)
-        rows.append((*key, len(merged.steps), float(merged.times.min()), blob))
-    if rows:
-        connection = db.connection()
-        connection.exec_driver_sql(
-            "INSERT INTO metric_chunks (series_id, chunk, rank, n, first_time, data)"
-            f" VALUES ({', '.join([marker(connection)] * 6)}) ON CONFLICT (series_id, chunk, rank) DO UPDATE"
-            " SET n = excluded.n, first_time = excluded.first_time, data = excluded.data",
-            rows,
-        )
-    return written
+    return incoming
+
+
+class _Row(NamedTuple):
+    n: int
+    first_time: float
+    data: bytes
+
+
+def _appended(row: _Row, new: Column) -> bytes | None:
+    """The chunk's blob with the new points as records after its last: None where that cannot be (a point not
+    after the chunk's last, or a tail past TAIL_MAX)."""
+    if row.data[0] == TAILED:
+        (size,) = struct.unpack_from("<I", row.data, 1)
+        kept = (len(row.data) - 5 - size) // RECORD.size
+        last = RECORD.unpack_from(row.data, len(row.data) - RECORD.size)[0]
+    else:  # a chunk packed whole: unpacked once per TAIL_MAX appends
+        kept, last = 0, int(decode(row.data, row.n).steps[-1])
+    if kept + len(new.steps) > TAIL_MAX or new.steps[0] <= last:
+        return None
+    head = row.data if kept else bytes((TAILED,)) + struct.pack("<I", len(row.data)) + row.data
+    return head + records(*new.columns())
 
 
 def _merged(old: Column | None, new: Column) -> tuple[Column, np.ndarray]:
@@ -311,21 +414,32 @@ def _merged(old: Column | None, new: Column) -> tuple[Column, np.ndarray]:
     return Column(steps[order], values, times), added
 
 
-def _read_chunks(db: Session, keys: Iterable[ChunkKey]) -> dict[ChunkKey, Column]:
+# How `_read_rows` finds the stored chunk for a wanted (series_id, chunk, rank): that very chunk, or the (series,
+# rank)'s highest one below it.
+_SAME_CHUNK = "c.chunk = w.chunk"
+_CHUNK_BEFORE = (
+    "c.chunk = (SELECT MAX(b.chunk) FROM metric_chunks b"
+    " WHERE b.series_id = w.series_id AND b.rank = w.rank AND b.chunk < w.chunk)"
+)
+
+
+def _read_rows(db: Session, keys: Iterable[ChunkKey], found_by: str) -> dict[ChunkKey, _Row]:
+    """The stored chunk each wanted key finds (`found_by`), unpacked by no one yet, by the wanted key."""
     connection = db.connection()
     mark = marker(connection)
     wanted = sorted(keys)
-    found: dict[ChunkKey, Column] = {}
+    found: dict[ChunkKey, _Row] = {}
     for start in range(0, len(wanted), KEYS_PER_STATEMENT):
         part = wanted[start : start + KEYS_PER_STATEMENT]
         values = ",".join([f"({mark}, {mark}, {mark})"] * len(part))
         rows = connection.exec_driver_sql(
             f"WITH wanted (series_id, chunk, rank) AS (VALUES {values})"
-            " SELECT c.series_id, c.chunk, c.rank, c.n, c.data FROM wanted w JOIN metric_chunks c"
-            " ON c.series_id = w.series_id AND c.chunk = w.chunk AND c.rank = w.rank",
+            " SELECT w.series_id, c.chunk, c.rank, c.n, c.first_time, c.data FROM wanted w JOIN metric_chunks c"
+            f" ON c.series_id = w.series_id AND c.rank = w.rank AND {found_by}",
             tuple(itertools.chain.from_iterable(part)),
         ).all()
-        found |= {(series_id, chunk, rank): decode(data, n) for series_id, chunk, rank, n, data in rows}
+        found |= {(series, chunk, rank): _Row(n, first_time, bytes(data)) for series, chunk, rank, n, first_time, data
+                  in rows}  # fmt: skip
     return found
 
 

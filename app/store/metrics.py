@@ -144,17 +144,22 @@ def lock_series(db: Session, series: Iterable[int]) -> None:
 
 
 def insert_points(
-    db: Session, columns: Mapping[tuple[int, int], chunks.Column], *, log: bool = True, locked: bool = False
+    db: Session,
+    columns: Mapping[tuple[int, int], chunks.Column],
+    *,
+    log: bool = True,
+    locked: bool = False,
+    append: bool = False,
 ) -> list[chunks.Written]:
     """Stores each (series_id, rank)'s points, skipping those already stored; returns the chunks that changed.
 
     The series are locked first (`lock_series`) unless the caller has (`locked`). The new points are also logged for
     live pages (`points_after`), unless the caller logs them itself (`log=False`: `log_recent` once for several
-    batches, as the ingest writer's group does).
+    batches, as the ingest writer's group does). `append`: as ingest stores them (app.store.chunks.write).
     """
     if not locked:
         lock_series(db, {series_id for series_id, _rank in columns})
-    written = chunks.write(db, columns, samples=True)
+    written = chunks.write(db, columns, samples=True, append=append)
     if log:
         log_recent(db, written)
     return written
@@ -162,32 +167,34 @@ def insert_points(
 
 def log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
     """Logs the points just added, one row per (series, rank), numbered on from the log's last point; forgets all
-    but the newest RECENT_POINTS. Stored uncompressed: the log is small, and only kept a while.
+    but the newest RECENT_POINTS. Stored as raw records: the log is small, and only kept a while.
 
     On PostgreSQL a lock held to the commit numbers the rows in commit order, so a live page that saw a row has seen
     every row numbered before it (with a sequence, a transaction committing later could add a lower number).
     """
-    if not written:
+    by_series: dict[tuple[int, int], list[chunks.Column]] = {}
+    for chunk in written:
+        if len(chunk.new.steps):
+            by_series.setdefault((chunk.series_id, chunk.rank), []).append(chunk.new)
+    if not by_series:
         return
     import numpy as np  # on first use, not at the server's start (app.store.chunks)
 
     connection = db.connection()
     if connection.dialect.name == "postgresql":
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (RECENT_LOCK,))
-    added: dict[tuple[int, int], list[chunks.Column]] = {}
-    for chunk in written:
-        mask = chunk.added
-        piece = chunks.Column(chunk.merged.steps[mask], chunk.merged.values[mask], chunk.merged.times[mask])
-        added.setdefault((chunk.series_id, chunk.rank), []).append(piece)
+    # Every row's records made at once, then cut: numpy's cost is per call, and a row is often one point.
+    pieces = [piece for parts in by_series.values() for piece in parts]
+    sizes = [sum(len(piece.steps) for piece in parts) for parts in by_series.values()]
+    data = chunks.records(*(np.concatenate(column) for column in zip(*(p.columns() for p in pieces), strict=True)))
     marker = chunks.marker(connection)
     top = connection.exec_driver_sql("SELECT head FROM metric_recent_head WHERE id = 1").scalar_one()
-    rows = []
-    for (series_id, rank), pieces in added.items():
-        steps = np.concatenate([piece.steps for piece in pieces])
-        values = np.concatenate([piece.values for piece in pieces])
-        times = np.concatenate([piece.times for piece in pieces])
-        top += len(steps)
-        rows.append((top, series_id, rank, len(steps), chunks.encode(steps, values, times, level=0)))
+    rows, start = [], 0
+    for (series_id, rank), size in zip(by_series, sizes, strict=True):
+        end = start + size * chunks.RECORD.size
+        top += size
+        rows.append((top, series_id, rank, size, bytes((chunks.RECORDS,)) + data[start:end]))
+        start = end
     connection.exec_driver_sql(
         f"INSERT INTO metric_recent (id, series_id, rank, n, data) VALUES ({', '.join([marker] * 5)})", rows
     )

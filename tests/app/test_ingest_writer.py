@@ -146,15 +146,48 @@ def stored_aggregates(db: Session) -> tuple[list[tuple[Any, ...]], list[tuple[An
 
 
 def shuffled_posts(rng: random.Random, run_id: int) -> list[Post]:
-    """Batches of two keys and three ranks over 40,000 steps, out of order, some sent twice, with NaN and ties."""
+    """Batches of two keys and three ranks over 40,000 steps, out of order, some sent twice, with NaN and ties; then
+    a sampler's: a step or three each, now and then one a post late (ingest appends these to their chunk's tail)."""
     posts = []
     for first in rng.sample(range(0, 40_000, 500), 80):
         steps = sorted(rng.sample(range(first, first + 500), 200))
-        columns = [{"key": key, "rank": rank, "steps": steps, "times": [1.7e9 + s for s in steps],
-                    "values": [math.nan if rng.random() < 0.02 else round(rng.gauss(0, 1), 2) for _ in steps]}
-                   for key in ("loss", "gpu/util") for rank in range(3)]  # fmt: skip
-        posts.append(Post(run_id, TOKEN, BatchIn.model_validate({"columns": columns})))
-    return posts + rng.sample(posts, 20)
+        posts.append(batch(rng, run_id, steps))
+    sampled = [batch(rng, run_id, list(range(first, first + rng.randint(1, 3)))) for first in range(40_000, 40_600, 3)]
+    for late in rng.sample(range(1, len(sampled)), 40):
+        sampled[late - 1], sampled[late] = sampled[late], sampled[late - 1]
+    return posts + rng.sample(posts, 20) + sampled + rng.sample(sampled, 20)
+
+
+def batch(rng: random.Random, run_id: int, steps: list[int]) -> Post:
+    """The steps of two keys and three ranks, as one post."""
+    columns = [{"key": key, "rank": rank, "steps": steps, "times": [1.7e9 + s for s in steps],
+                "values": [math.nan if rng.random() < 0.02 else round(rng.gauss(0, 1), 2) for _ in steps]}
+               for key in ("loss", "gpu/util") for rank in range(3)]  # fmt: skip
+    return Post(run_id, TOKEN, BatchIn.model_validate({"columns": columns}))
+
+
+def sent_points(posts: list[Post]) -> dict[tuple[str, int, int], tuple[float, float]]:
+    """(key, step, rank) -> (value, time) of every point the posts carry: the first sent of each."""
+    sent: dict[tuple[str, int, int], tuple[float, float]] = {}
+    for one in posts:
+        for column in one.batch.columns:
+            for step, value, time in zip(column.steps, column.values, column.times, strict=True):
+                sent.setdefault((column.key, step, column.rank), (value, time))
+    return sent
+
+
+def stored_points(db: Session, run_id: int) -> dict[tuple[str, int, int], tuple[float, float]]:
+    """(key, step, rank) -> (value, time) of every point the run's chunks hold, each once."""
+    query = text("SELECT s.key, c.rank, c.n, c.data FROM metric_chunks c JOIN metric_series s ON s.id = c.series_id"
+                 " WHERE s.run_id = :run")  # fmt: skip
+    rows = db.execute(query, {"run": run_id}).all()
+    stored = {}
+    for key, rank, n, data in rows:
+        column = chunks.decode(bytes(data), n)
+        for step, value, time in zip(*(part.tolist() for part in column.columns()), strict=True):
+            assert (key, step, rank) not in stored
+            stored[key, step, rank] = (value, time)
+    return stored
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
@@ -167,7 +200,7 @@ def test_tiers_and_summaries_merged_per_group_are_what_a_rebuild_from_the_points
     with TestClient(create_app(settings)) as client:
         run_id = running_run(client)
         posts, rng = shuffled_posts(random.Random(39), run_id), random.Random(4)
-        cache = SeriesIds()
+        sent, cache = sent_points(posts), SeriesIds()
         with client.app.state.sessions() as db:  # type: ignore[attr-defined]
             while posts:  # groups of 1 to 30 posts, as the writer takes what came meanwhile
                 group = posts[: rng.randint(1, 30)]
@@ -176,6 +209,10 @@ def test_tiers_and_summaries_merged_per_group_are_what_a_rebuild_from_the_points
         sessions = client.app.state.sessions  # type: ignore[attr-defined]
         with sessions() as db:
             merged = stored_aggregates(db)
+            assert np.testing.assert_equal(stored_points(db, run_id), sent) is None  # NaN equals NaN here
+            tailed = db.scalar(text("SELECT COUNT(*) FROM metric_chunks WHERE substr(data, 1, 1) = :tailed"),
+                               {"tailed": bytes((chunks.TAILED,))})  # fmt: skip
+            assert tailed  # some chunks had points appended, and are read back with the rest
         with sessions() as db:
             with db.begin():
                 db.execute(text("DELETE FROM metric_tiers"))

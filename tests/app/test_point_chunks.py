@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,13 @@ def chunk_rows(db: Session) -> dict[tuple[str, int, int], tuple[int, bytes]]:
     return {(key, chunk, rank): (n, bytes(data)) for key, chunk, rank, n, data in rows}
 
 
+def appended_records(data: bytes) -> int:
+    """How many raw records ingest appended after a chunk's packed points (chunks.TAILED: the packed part's length
+    follows the first byte)."""
+    (packed,) = struct.unpack_from("<I", data, 1)
+    return (len(data) - 5 - packed) // chunks.RECORD.size
+
+
 def as_floats(n: int, data: bytes) -> bytes:
     """The chunk as shuffled floats: how every chunk was stored before 0021."""
     column = chunks.decode(data, n)
@@ -239,7 +247,14 @@ def test_samples_sent_are_stored_as_samples_and_read_back_bit_for_bit(client: Te
             chart = client.get(f"/api/runs/{run_id}/chart", params={"key": key, "width": width}).json()
             assert_exact(chart, by_step, width=width, times={(s, 0): t for s, t in zip(steps, times, strict=True)})
     with client.app.state.sessions() as db:  # type: ignore[attr-defined]
-        stored = chunk_rows(db)
+        every = chunk_rows(db)
+    # Only a series' newest chunk keeps the raw records ingest appended to it (read back above with the rest), and
+    # no more than TAIL_MAX of them: the one before it was packed whole when the newest began.
+    newest = {key: max(chunk for name, chunk, _rank in every if name == key) for key in SAMPLE_KINDS}
+    tailed = {row: appended_records(data) for row, (_n, data) in every.items() if data[0] == chunks.TAILED}
+    assert tailed and all(chunk == newest[key] and 0 < records <= chunks.TAIL_MAX
+                          for (key, chunk, _rank), records in tailed.items())  # fmt: skip
+    stored = {row: every[row] for row in every.keys() - tailed.keys()}
     for key in SAMPLE_KINDS:  # the samples in fewer bytes than as floats, each; a noisy float kept as floats
         rows = [row for row in stored if row[0] == key]
         size, floats = sum(len(stored[row][1]) for row in rows), sum(len(as_floats(*stored[row])) for row in rows)
@@ -252,3 +267,39 @@ def test_samples_sent_are_stored_as_samples_and_read_back_bit_for_bit(client: Te
     assert all(
         kinds[key] == {chunks.SAMPLES} for key in SAMPLE_KINDS if key not in ("gpu/node-a/0/odd", "gpu/node-a/0/temp")
     )
+
+
+def stored_and_logged(db: Session, run_id: int) -> tuple[dict[str, Any], list[metric_store.StoredPoint]]:
+    """Every series' points, and the live pages' log of them, as the store reads them."""
+    points = {key: metric_store.points_in_range(db, run_id=run_id, key=key, start_step=0, start_rank=0,
+                                                end_step=None, limit=10**6) for key in SAMPLE_KINDS}  # fmt: skip
+    return points, metric_store.points_after(db, run_id=run_id, after_id=0, limit=10**6)
+
+
+def assert_tails_are_packed_whole_going_back(settings: Settings) -> None:
+    """A store that ingest appended raw records to (one sample a key a post, as a GPU node's), taken back to 0023:
+    every chunk and log row as a server of 0023 reads them, with the same points; and forward again."""
+    url, sent = settings.sqlalchemy_url, sample_points(random.Random(3), 200)
+    with TestClient(create_app(settings)) as client:
+        run_id = running_run(client)
+        for i in range(200):
+            columns = [{"key": key, "rank": 0, "steps": steps[i : i + 1], "values": [wire.encode_value(values[i])],
+                        "times": times[i : i + 1]} for key, (steps, values, times) in sent.items()]  # fmt: skip
+            post(client, run_id, {"columns": columns})
+        with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+            kinds = set(db.scalars(text("SELECT substr(data, 1, 1) FROM metric_chunks")))
+            before = stored_and_logged(db, run_id)
+    assert bytes((chunks.TAILED,)) in kinds and before[1]
+    engine = make_engine(url)
+    for revision in ("0023_run_costs", "head"):
+        (downgrade if revision != "head" else upgrade)(alembic_config(url), revision)
+        with Session(engine) as db:
+            kinds = set(db.scalars(text("SELECT substr(data, 1, 1) FROM metric_chunks UNION"
+                                        " SELECT substr(data, 1, 1) FROM metric_recent")))  # fmt: skip
+            assert {kind[0] for kind in kinds} == {chunks.SAMPLES, chunks.SHUFFLED}
+            assert repr(stored_and_logged(db, run_id)) == repr(before)  # NaN as NaN
+    engine.dispose()
+
+
+def test_chunks_with_appended_records_are_packed_whole_going_back_a_revision(settings: Settings) -> None:
+    assert_tails_are_packed_whole_going_back(settings)

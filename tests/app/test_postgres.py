@@ -209,3 +209,11 @@ def test_the_supervisor_records_not_progressing_and_progressing_again_on_postgre
 
 def test_fair_share_sums_each_owners_slot_hours_on_postgresql(pg_client: TestClient) -> None:
     test_queue.usage_within_a_day(pg_client.app.state.sessions)  # type: ignore[attr-defined]
+
+
+def test_postgresql_chunks_with_appended_records_are_packed_whole_going_back_a_revision(
+    admin_dsn: str, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared",
+                        database_url=new_database(admin_dsn), supervise_interval_s=3600)  # fmt: skip
+    test_point_chunks.assert_tails_are_packed_whole_going_back(settings)
