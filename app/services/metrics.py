@@ -5,7 +5,6 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
-from collections import ChainMap
 from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,12 +84,14 @@ def ingest(
 def ingest_group(
     db: Session, posts: Sequence[Post], *, counters: IngestCounters | None = None, series: SeriesIds | None = None
 ) -> list[Outcome]:
-    """Stores the posts in one transaction, each in a savepoint of its own: a post refused (an unknown run, a wrong
-    token, a run that ended) gets its error, and the others are stored all the same. The live log, the chart tiers
-    and the summaries of the series they touched are written once for all of them, at the end.
+    """Stores the posts in one transaction: a post refused (an unknown run, a wrong token, a run that ended) gets
+    its error before it writes anything, and the others are stored all the same. The live log, the chart tiers and
+    the summaries of the series they touched are written once for all of them, at the end.
 
-    Should the transaction fail as a whole, each post is stored again on its own: one post's failure never costs
-    the others theirs. `series` keeps the series ids between groups (app.workers.ingest_writer).
+    Should the transaction fail (a post the database refuses), each post is stored again on its own: one post's
+    failure never costs the others theirs. No savepoint per post: with one, each post flushed the ORM and talked to
+    the database twice more, for a failure that does not come. `series` keeps the series ids between groups
+    (app.workers.ingest_writer).
     """
     group = _Group(db, series)
     try:
@@ -129,18 +130,12 @@ class _Group:
         self.runs: dict[int, Run] = {}
         self.tokens: dict[tuple[int, str], bool] = {}
         self.written: list[chunks.Written] = []
-        self.new_series: SeriesKeys = {}  # of the posts stored (their savepoints released)
-        self._post_series: ChainMap[tuple[int, object, str], int] = ChainMap()  # the post's own, then the group's
+        self.new_series: SeriesKeys = {}  # found or made by this transaction: kept once it commits
 
     def take(self, posts: Sequence[Post]) -> list[Outcome]:
-        metric_store.hold_writes(self.db)  # before the first savepoint, which would begin a read on SQLite
+        metric_store.hold_writes(self.db)  # before any read, which would begin a read transaction on SQLite
         self._lock_series(posts)
-        if len(posts) == 1:  # a transaction of its own: its failure is its alone, no savepoint needed
-            self._post_series = ChainMap(self.new_series)
-            result, self.written = self._store(posts[0])
-            outcomes: list[Outcome] = [result]
-        else:
-            outcomes = [self._one(post) for post in posts]
+        outcomes = [self._one(post) for post in posts]
         _refresh(self.db, chunks.combined(self.written), log=True)
         return outcomes
 
@@ -159,19 +154,11 @@ class _Group:
         metric_store.lock_series(self.db, series)
 
     def _one(self, post: Post) -> Outcome:
-        self._post_series = ChainMap({}, self.new_series)
         try:
-            with self.db.begin_nested():
-                result, written = self._store(post)
-        except RankboardError as error:
-            return error
-        except SQLAlchemyError as error:  # rolled back to the savepoint: the group goes on without this post
-            if self.series is not None:
-                self.series.forget(post.run_id)  # a series may have gone with its run
-            log.warning("run %s: a batch failed: %s", post.run_id, error)
+            result, written = self._store(post)
+        except RankboardError as error:  # refused before it wrote anything (`_admitted`)
             return error
         self.written += written
-        self.new_series |= self._post_series.maps[0]
         return result
 
     def _store(self, post: Post) -> tuple[IngestResult, list[chunks.Written]]:
@@ -179,7 +166,7 @@ class _Group:
         joins = kind(run.launcher).joins  # its processes say themselves that they live, and how they ended
         if joins:
             external.took_batch(self.db, run)
-        ids = self._ids(run, batch, self._post_series)
+        ids = self._ids(run, batch, self.new_series)
         columns = _columns(batch, ids)
         written = metric_store.insert_points(self.db, columns, log=False, locked=True, append=True)  # _lock_series
         nodes.record(self.db, run=run, node=batch.node, heartbeats=batch.all_heartbeats)

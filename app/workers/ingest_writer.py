@@ -2,9 +2,9 @@
 
 Eight threads each storing its own batch queued on SQLite's one write lock, whose busy handler sleeps in steps of up
 to 100 ms: a lock convoy, which held the p99 of a post near a second with a core still free (bench/big_job.py). One
-writer never waits for another, and one commit carries many batches; each batch still has its own savepoint and its
-own answer (app.services.metrics.ingest_group). PostgreSQL locks rows, not the database: a few writers there, each
-grouping in the same way. The batches are parsed before they come here, on the ingest threads.
+writer never waits for another, and one commit carries many batches; each batch still has its own answer
+(app.services.metrics.ingest_group). PostgreSQL locks rows, not the database: a few writers there, each grouping in
+the same way. The batches are parsed before they come here, on the ingest threads.
 """
 
 from __future__ import annotations
