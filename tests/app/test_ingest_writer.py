@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from rankboard import wire
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from app.core.models import RunStatus, utcnow
+from app.core.models import Run, RunStatus, utcnow
 from app.core.settings import Settings
 from app.main import create_app
 from app.schemas.metrics import BatchIn, IngestResult
@@ -118,6 +118,24 @@ def test_batches_posted_at_once_are_stored_exactly_once_and_a_refused_one_gets_i
         assert chart["end_step"] == BATCHES
         ranks = {rank["rank"]: rank["step"] for rank in api.get(f"/api/runs/{run_id}/ranks").json()}
         assert ranks == {me: BATCHES for me in range(SENDERS)}
+
+
+def test_a_post_that_fails_in_the_database_costs_its_group_a_retry_post_by_post_and_no_point(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    first, second = running_run(client, "first"), running_run(client, "second")
+    sessions = client.app.state.sessions  # type: ignore[attr-defined]
+    with sessions() as db:
+        made = db.scalar(select(Run.created_at).where(Run.id == second))
+    cache = SeriesIds()
+    cache.keep({(second, made, "loss"): 10**9})  # a series id gone from the database (kept for a deleted run)
+    posts = [Post(run_id, TOKEN, BatchIn.model_validate({"points": [{"key": "loss", "step": step, "value": 1.0,
+             "time": 1.0}]})) for run_id, step in ((first, 1), (second, 1), (first, 2))]  # fmt: skip
+    with sessions() as db:
+        outcomes = metrics.ingest_group(db, posts, series=cache)
+    assert "a group of 3 batches failed as a whole: each is stored on its own" in caplog.text
+    assert [getattr(outcome, "stored", None) for outcome in outcomes] == [1, 1, 1]
+    assert series(client, first) == [(1, 0, 1.0), (2, 0, 1.0)] and series(client, second) == [(1, 0, 1.0)]
 
 
 def test_a_new_run_that_gets_a_deleted_runs_id_gets_series_of_its_own(client: TestClient) -> None:
