@@ -196,7 +196,7 @@ def table(rows: list[tuple[Any, ...]]) -> None:
 def serve_app(settings: Settings) -> int:
     import uvicorn
 
-    from app.core import cpus
+    from app.core import collector, cpus
     from app.main import create_app
     from app.web.guard import refuse_bind
 
@@ -226,6 +226,7 @@ def serve_app(settings: Settings) -> int:
         print(f"its threads on CPUs {cpus.describe(settings.server_cpus)}; the runs it starts on "
               f"{cpus.describe(cpus.available())}", flush=True)  # fmt: skip
         cpus.keep_to(settings.server_cpus)
+    collector.settle()
     uvicorn.run(app, host=settings.host, port=settings.port, workers=1, **uvicorn_options())
     return 0
 
@@ -278,7 +279,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 def worker_app() -> FastAPI:
     """One worker's app, for `serve --workers N`: built from the environment, its threads kept to
     RANKBOARD_SERVER_CPUS once its launcher has noted every CPU for the runs."""
-    from app.core import cpus
+    from app.core import collector, cpus
     from app.core.settings import Settings
     from app.main import create_app
 
@@ -286,6 +287,7 @@ def worker_app() -> FastAPI:
     app = create_app(settings)
     if settings.server_cpus:
         cpus.keep_to(settings.server_cpus)
+    collector.settle()
     return app
 
 
