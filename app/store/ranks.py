@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 
-from sqlalchemy import Table, bindparam, case, func, select, update
+from sqlalchemy import Insert, Table, bindparam, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -16,18 +17,19 @@ RANKS: Table = RunRank.__table__  # type: ignore[assignment]
 def upsert_heartbeats(db: Session, *, run_id: int, beats: list[tuple[int, str, int]], at: datetime) -> None:
     """Records that each (rank, host, step) of the run was there at `at`, replacing what each said before: one
     executemany upsert, whatever the number of ranks (a node's relay brings them all in one batch)."""
-    dialect = postgresql if db.get_bind().dialect.name == "postgresql" else sqlite
     # One row per rank: PostgreSQL refuses a statement that would update one row twice. The last word wins.
     rows = {rank: {"run_id": run_id, "rank": rank, "host": host, "step": step, "heartbeat_at": at}
             for rank, host, step in beats}  # fmt: skip
-    statement = dialect.insert(RANKS)
+    db.execute(_upsert(db.get_bind().dialect.name), list(rows.values()))
+
+
+@functools.cache
+def _upsert(dialect_name: str) -> Insert:
+    """The heartbeats' upsert, built once per dialect: building it took longer than running it (bench/big_job.py)."""
+    statement = (postgresql if dialect_name == "postgresql" else sqlite).insert(RANKS)
     new = statement.excluded
-    db.execute(
-        statement.on_conflict_do_update(
-            index_elements=["run_id", "rank"],
-            set_={"host": new.host, "step": new.step, "heartbeat_at": new.heartbeat_at},
-        ),
-        list(rows.values()),
+    return statement.on_conflict_do_update(
+        index_elements=["run_id", "rank"], set_={"host": new.host, "step": new.step, "heartbeat_at": new.heartbeat_at}
     )
 
 

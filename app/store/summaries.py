@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from app.store import chunks
 from app.store.charts import TIERS, nulls
 from app.store.chunks import Written
 
@@ -41,14 +42,16 @@ def refresh(db: Session, series_ids: Iterable[int]) -> None:
 
 # The last value: the lowest rank's at the highest step, read from the coarsest tier's row holding that step (merged
 # just before); taken when the added points reach the summary's highest step, else the summary's own stays.
+# Sent through the driver, with its parameter marker (`{m}`) in the order `merge` gives them: SQLAlchemy's own
+# handling of each row's named parameters cost more than the statement (bench/big_job.py).
 _LAST_VALUE = (
-    "(SELECT l.last_value FROM metric_tiers l WHERE l.series_id = :series_id AND l.tier = :tier"
-    " AND l.bucket = :bucket AND l.last_step = :last_step ORDER BY l.rank LIMIT 1)"
+    f"(SELECT l.last_value FROM metric_tiers l WHERE l.series_id = {{m}} AND l.tier = {TIERS[-1]}"
+    " AND l.bucket = {m} AND l.last_step = {m} ORDER BY l.rank LIMIT 1)"
 )
-_MERGE = text(
+_MERGE = (
     "INSERT INTO metric_summaries (series_id, run_id, key, last_step, last_value, min_value, max_value)"
-    f" SELECT s.id, s.run_id, s.key, :last_step, {_LAST_VALUE}, :min_value, :max_value"
-    " FROM metric_series s WHERE s.id = :series_id"
+    f" SELECT s.id, s.run_id, s.key, {{m}}, {_LAST_VALUE}, {{m}}, {{m}}"
+    " FROM metric_series s WHERE s.id = {m}"
     " ON CONFLICT (series_id) DO UPDATE SET"
     " min_value = CASE WHEN metric_summaries.min_value IS NULL OR excluded.min_value < metric_summaries.min_value"
     "  THEN excluded.min_value ELSE metric_summaries.min_value END,"
@@ -78,7 +81,7 @@ def merge(db: Session, written: Sequence[Written]) -> None:
     lows, highs = np.fmin.reduceat(values, firsts), np.fmax.reduceat(values, firsts)
     tops = np.maximum.reduceat(np.array([int(chunk.new.steps[-1]) for chunk in written]), starts).tolist()
     tier = TIERS[-1]
-    params = [{"series_id": series_id, "tier": tier, "bucket": top // tier, "last_step": top, "min_value": low,
-               "max_value": high} for series_id, top, low, high
-              in zip(series[starts].tolist(), tops, nulls(lows), nulls(highs), strict=True)]  # fmt: skip
-    db.execute(_MERGE, params)
+    rows = [(top, series_id, top // tier, top, low, high, series_id) for series_id, top, low, high
+            in zip(series[starts].tolist(), tops, nulls(lows), nulls(highs), strict=True)]  # fmt: skip
+    connection = db.connection()
+    connection.exec_driver_sql(_MERGE.format(m=chunks.marker(connection)), rows)
