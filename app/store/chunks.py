@@ -329,13 +329,16 @@ def write(
     before = _read_rows(db, [key for key in incoming if key not in stored], _CHUNK_BEFORE) if append else {}
     written, rows = [], []
     for key, new in incoming.items():
-        row = stored.get(key)
-        tailed = _appended(row, new) if append and row is not None and key not in before else None
-        if tailed is not None:
-            written.append(Written(key[0], key[2], new, np.ones(len(new.steps), bool), new))
-            rows.append((*key, row.n + len(new.steps), min(row.first_time, float(new.times.min())), tailed))
-            continue
-        merged, added = _merged(None if row is None else decode(row.data, row.n), new)
+        row, old = stored.get(key), None
+        if append and row is not None and key not in before:
+            tailed, old = _appended(row, new)
+            if tailed is not None:
+                written.append(Written(key[0], key[2], new, np.ones(len(new.steps), bool), new))
+                rows.append((*key, row.n + len(new.steps), min(row.first_time, float(new.times.min())), tailed))
+                continue
+        if row is not None and old is None:
+            old = decode(row.data, row.n)
+        merged, added = _merged(old, new)
         if not (added[-1] or added.any()):  # appended points make the last one new
             continue
         written.append(Written(key[0], key[2], merged, added))
@@ -378,19 +381,21 @@ class _Row(NamedTuple):
     data: bytes
 
 
-def _appended(row: _Row, new: Column) -> bytes | None:
-    """The chunk's blob with the new points as records after its last: None where that cannot be (a point not
-    after the chunk's last, or a tail past TAIL_MAX)."""
+def _appended(row: _Row, new: Column) -> tuple[bytes | None, Column | None]:
+    """The chunk's blob with the new points as records after its last (None where that cannot be: a point not
+    after the chunk's last, or a tail past TAIL_MAX), and its points if they had to be unpacked to know."""
+    unpacked = None
     if row.data[0] == TAILED:
         (size,) = struct.unpack_from("<I", row.data, 1)
         kept = (len(row.data) - 5 - size) // RECORD.size
         last = RECORD.unpack_from(row.data, len(row.data) - RECORD.size)[0]
     else:  # a chunk packed whole: unpacked once per TAIL_MAX appends
-        kept, last = 0, int(decode(row.data, row.n).steps[-1])
+        unpacked = decode(row.data, row.n)
+        kept, last = 0, int(unpacked.steps[-1])
     if kept + len(new.steps) > TAIL_MAX or new.steps[0] <= last:
-        return None
+        return None, unpacked
     head = row.data if kept else bytes((TAILED,)) + struct.pack("<I", len(row.data)) + row.data
-    return head + records(*new.columns())
+    return head + records(*new.columns()), unpacked
 
 
 def _merged(old: Column | None, new: Column) -> tuple[Column, np.ndarray]:
