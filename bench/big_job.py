@@ -51,6 +51,21 @@ open: chunks 31%, live log 13%, summaries 11%, parsing 8%, tiers 8%, HTTP and th
 5.6% (whether the run is over: 0.1%), the rest of the group 5.5%, commit 2%, series ids 1.5%, heartbeats 1%, the
 supervisor 0.1%, the run page's view 0%. Still saturated: the ingest path, chunks first (in
 encoding the samples, about half of it, and decoding them, a quarter).
+
+Then (2026-11-27, issue 39's third step: points appended to a chunk as raw records, the live log as raw records, the
+summaries merged for all series at once and sent through the driver, no savepoint per post, the collector frozen
+after start), SQLite, page open, 30 s runs, before = 61ae595 from a worktree (load 1-2.4): 128x8 posts/s 87, 100,
+96, 92 -> 128 (all planned) in each of six runs; ingest p50/p99 1.7-2.0 / 2.0-2.3 s -> 28-215 ms / 0.89-1.19 s;
+point-to-page p99 3.1-3.4 s -> 1.68-2.0 s; 68-78% -> all of the points stored; server CPU 0.91-0.93 -> 0.88-0.91.
+Without the page, 99 -> 128 posts/s, p99 1.97 s -> 0.69 s. 64x8: p99 212-244 -> 110-135 ms (before the collector)
+and 20 ms (with it), CPU 0.75-0.77 -> 0.40. 48x8: p99 132 -> 16 ms, CPU 0.56 -> 0.33. 80x8: p99 25 ms, CPU 0.51,
+point-to-page p99 1.06 s: about the largest job one process holds within 0.5 of a core here. The collector alone
+(a probe in the server): 0.35 -> 0.07 s a second. Per-thread CPU at 128x8: the ingest writer 0.71 of a core, the
+event loop 0.14, the parsing threads 0.06 together: the writer is what saturates, ~5.5 ms a post here (3.1 ms when
+the same posts are stored in a quiet process, outside HTTP). PostgreSQL (2 workers) is no better on this machine:
+64x8 p50/p99 1.06/1.64 s with 2 workers, 1.01/1.32 s with 1, with the server at 0.7 and PostgreSQL at 0.5 of a core:
+every node's post writes the same per-rank series (rank/step_ms...), whose row locks, and the live log's lock, each
+writer holds to its commit, so the writers take turns.
 """
 
 from __future__ import annotations
