@@ -164,3 +164,36 @@ def test_one_ranks_batch_the_server_refuses_costs_the_other_ranks_nothing(server
     assert serving.posts == 3  # together, refused; then each alone
     assert stored(server, run_id) == {0: [(3, 0.25)]}
     serving.close()
+
+
+TORCHRUN = {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "0"}
+SRUN = {
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "2",
+    "SLURM_STEP_TASKS_PER_NODE": "4(x2),2",
+    "SLURM_TASKS_PER_NODE": "3(x3)",
+}
+
+
+def spot(environ: dict[str, str], run_key: str = "7/launch") -> relay.Spot | None:
+    return relay.spot_from_env(environ, token=TOKEN, run_key=run_key)
+
+
+def test_ranks_started_by_srun_alone_share_their_nodes_relay_as_torchruns_workers_do() -> None:
+    found = spot(TORCHRUN)
+    assert found is not None and (found.local_rank, found.local_world_size) == (1, 4)
+    # srun started each rank itself: no torchrun variables, its task counts node by node ("4(x2),2": nodes 0 and 1
+    # run 4 tasks, node 2 runs 2), SLURM_LOCALID the task's place among its node's.
+    srun = spot(SRUN)
+    assert srun is not None and (srun.local_rank, srun.local_world_size) == (1, 2)
+    assert spot({**SRUN, "SLURM_LOCALID": "0"}).address == srun.address  # type: ignore[union-attr]
+    assert spot({**SRUN, "SLURM_NODEID": "1", "SLURM_LOCALID": "3"}).local_world_size == 4  # type: ignore[union-attr]
+    others = [spot({**SRUN, "SLURM_NODEID": "1"}), spot(SRUN, run_key="8/launch"), spot(TORCHRUN)]
+    assert srun.address not in {other.address for other in others if other is not None}
+    # Without a step's own counts, the job's; a task alone on its node, or counts that do not parse: no relay.
+    jobs = spot({name: value for name, value in SRUN.items() if name != "SLURM_STEP_TASKS_PER_NODE"})
+    assert jobs is not None and jobs.local_world_size == 3
+    assert spot({**SRUN, "SLURM_STEP_TASKS_PER_NODE": "1(x3)", "SLURM_LOCALID": "0"}) is None
+    for broken in ("4(x2", "four", "4(x2),", "4,(x2)"):
+        assert spot({**SRUN, "SLURM_STEP_TASKS_PER_NODE": broken}) is None, broken
+    assert spot({**SRUN, "SLURM_NODEID": "3"}) is None and spot({**SRUN, relay.ENV_RELAY: "off"}) is None

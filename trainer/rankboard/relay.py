@@ -69,17 +69,46 @@ class Spot:
 
 def spot_from_env(environ: Mapping[str, str], *, token: str, run_key: str) -> Spot | None:
     """The relay of this process's node and run; None where there is none to share (one rank a node, not Linux,
-    no torchrun) or RANKBOARD_RELAY=off."""
-    local_world = environ.get("LOCAL_WORLD_SIZE", "1")
-    local_rank = environ.get("LOCAL_RANK")
-    if not sys.platform.startswith("linux") or local_rank is None or not local_world.isdigit() or int(local_world) < 2:
+    neither torchrun nor srun started the ranks) or RANKBOARD_RELAY=off."""
+    place = _torchrun_place(environ) if "LOCAL_WORLD_SIZE" in environ else _srun_place(environ)
+    if not sys.platform.startswith("linux") or place is None or environ.get(ENV_RELAY, "").lower() == "off":
         return None
-    if environ.get(ENV_RELAY, "").lower() == "off":
+    local_rank, local_world, node = place
+    if local_world < 2 or not 0 <= local_rank < local_world:
         return None
-    node = f"{wire.node_name(environ, socket.gethostname())}/{environ.get('GROUP_RANK', '')}"
     # The token is part of the name: without it no one can even find the socket (abstract names have no permissions).
     digest = hashlib.sha256("\0".join((token, run_key, node)).encode()).hexdigest()[:40]
-    return Spot(f"\0rankboard-relay-{digest}", token.encode(), int(local_rank), int(local_world))
+    return Spot(f"\0rankboard-relay-{digest}", token.encode(), local_rank, local_world)
+
+
+Place = tuple[int, int, str]  # the local rank, the node's number of ranks, the node as the relay's name has it
+
+
+def _torchrun_place(environ: Mapping[str, str]) -> Place | None:
+    """Where torchrun put this worker: its agent's node (several agents may share a host under Slurm)."""
+    local_rank, local_world = environ.get("LOCAL_RANK", ""), environ["LOCAL_WORLD_SIZE"]
+    if not (local_rank.isdigit() and local_world.isdigit()):
+        return None
+    node = f"{wire.node_name(environ, socket.gethostname())}/{environ.get('GROUP_RANK', '')}"
+    return int(local_rank), int(local_world), node
+
+
+def _srun_place(environ: Mapping[str, str]) -> Place | None:
+    """Where srun put this task, when srun started each rank itself (no torchrun): SLURM_LOCALID among the tasks of
+    its node, which SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE) counts node by node, in SLURM_NODEID's
+    order, written as "8(x3),4"."""
+    local_id, node_id = environ.get("SLURM_LOCALID", ""), environ.get("SLURM_NODEID", "")
+    per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")
+    counts: list[int] = []
+    for part in per_node.split(","):
+        count, _, repeat = part.partition("(x")
+        repeat = repeat.removesuffix(")") if repeat else "1"
+        if not (count.isdigit() and repeat.isdigit()):
+            return None
+        counts += [int(count)] * int(repeat)
+    if not (local_id.isdigit() and node_id.isdigit() and int(node_id) < len(counts)):
+        return None
+    return int(local_id), counts[int(node_id)], f"{socket.gethostname()}/slurm-{node_id}"
 
 
 @dataclass
