@@ -189,7 +189,7 @@ def encode(
     return zlib.compress(columns.view(np.uint8).reshape(3, n, 8).transpose(0, 2, 1).tobytes(), level)
 
 
-def decode(blob: bytes, n: int) -> Column:
+def decode(blob: bytes | memoryview, n: int) -> Column:
     """What `encode` packed; `n` is its number of points."""
     import numpy as np
 
@@ -270,7 +270,7 @@ def _encode_samples(steps: np.ndarray, times: np.ndarray, decimals: int, numbers
     return bytes((SAMPLES, decimals)) + zlib.compress(head + body, LEVEL, wbits=-15)
 
 
-def _decode_samples(blob: bytes, n: int) -> Column:
+def _decode_samples(blob: bytes | memoryview, n: int) -> Column:
     import numpy as np
 
     data = zlib.decompress(blob[2:], wbits=-15)
