@@ -429,7 +429,7 @@ _CHUNK_BEFORE = (
 
 
 def _read_rows(db: Session, keys: Iterable[ChunkKey], found_by: str) -> dict[ChunkKey, _Row]:
-    """The stored chunk each wanted key finds (`found_by`), unpacked by no one yet, by the wanted key."""
+    """The stored chunk each wanted key finds (`found_by`), as stored (not unpacked), by the found chunk's key."""
     connection = db.connection()
     mark = marker(connection)
     wanted = sorted(keys)
