@@ -74,9 +74,19 @@ def watching(page: Page, status: int = 200) -> Iterator[list[str]]:
         if message.type == "error":
             problems.append(f"console error: {message.text} at {message.location}")
 
+    navigations: list[Request] = []  # the page's, in the order they began
+    made_after: dict[Request, int] = {}  # how many had begun when each request was made
+
+    def requested(request: Request) -> None:
+        if request.is_navigation_request() and request.frame == page.main_frame:
+            navigations.append(request)
+        made_after[request] = len(navigations)
+
     def failed(request: Request) -> None:
         if request.failure == "net::ERR_ABORTED" and request.headers.get("accept") == "text/event-stream":
             return  # the page closed a stream whose server said it ended (an EventSource would reconnect)
+        if request.failure == "net::ERR_ABORTED" and made_after.get(request, len(navigations)) < len(navigations):
+            return  # the page went elsewhere before it loaded (a favicon still coming at the next goto)
         problems.append(f"request failed: {request.method} {request.url}: {request.failure}")
 
     def answered(response: Response) -> None:
@@ -88,8 +98,8 @@ def watching(page: Page, status: int = 200) -> Iterator[list[str]]:
     def crashed(error: Exception) -> None:
         problems.append(f"uncaught: {error}")
 
-    handlers: list[tuple[str, Any]] = [("console", console), ("requestfailed", failed), ("response", answered),
-                                       ("pageerror", crashed)]  # fmt: skip
+    handlers: list[tuple[str, Any]] = [("console", console), ("request", requested), ("requestfailed", failed),
+                                       ("response", answered), ("pageerror", crashed)]  # fmt: skip
     for event, handler in handlers:
         page.on(event, handler)
     try:
