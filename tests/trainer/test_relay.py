@@ -11,12 +11,10 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pytest
 from rankboard import relay, wire
 from rankboard.report import IngestConnection, Reporter
 
@@ -25,14 +23,6 @@ from tests.trainer.test_report import batches_taken
 
 TOKEN = "relay-token"
 _names = itertools.count()
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path, RANKBOARD_SUPERVISE_INTERVAL_S="3600", RANKBOARD_PROMETHEUS="1")
-    server.start()
-    yield server
-    server.stop()
 
 
 def address() -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,15 +16,6 @@ from rankboard.report import Reporter
 from tests.live import LiveServer, free_port, open_run, points, set_run, wait_for
 
 TOKEN = "client-token"
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LiveServer]:
-    # Runs here are opened, never launched; /metrics counts the batches the server took.
-    server = LiveServer(tmp_path, RANKBOARD_SUPERVISE_INTERVAL_S="3600", RANKBOARD_PROMETHEUS="1")
-    server.start()
-    yield server
-    server.stop()
 
 
 def reporter_for(server: LiveServer, run_id: int, spool: Path, **options: float) -> Reporter:
