@@ -40,8 +40,8 @@ def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def settings(tmp_path: Path, migrated_database: Path) -> Settings:
-    """Settings on a fresh data folder holding a migrated database; the supervisor ticks once at start and then
-    sleeps, so nothing launches."""
+    """Settings on a fresh data folder holding a migrated database; the supervisor ticks once at start (before the app
+    answers) and then sleeps, so nothing launches."""
     data = tmp_path / "data"
     data.mkdir()
     shutil.copyfile(migrated_database, data / "rankboard.db")

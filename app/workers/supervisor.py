@@ -26,6 +26,7 @@ from app.workers.lease import Lease
 
 log = logging.getLogger(__name__)
 LEASE_TICKS = 10  # the lease outlives this many ticks: a slow tick (a busy database) must not hand it over
+FIRST_PASS_WAIT_S = 30  # how long start() waits for the first tick: a slow one (a busy database) does not hold it
 
 
 class Supervisor:
@@ -50,13 +51,17 @@ class Supervisor:
         self.stall_after = timedelta(seconds=stall_after)
         self.alert_rules, self.alert_sender = alert_rules, alert_sender
         self.lease = lease or Lease(sessions, name=SUPERVISOR_LEASE, ttl_s=interval * LEASE_TICKS)
-        self._stop = threading.Event()
+        self._stop, self._first_pass = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._loop, name="rankboard-supervisor", daemon=True)
 
     def start(self) -> None:
+        """Starts ticking, and returns once the first tick has looked at the runs that outlived the last server (or
+        FIRST_PASS_WAIT_S later): a request answered before it would see them as that server left them, and a run
+        made meanwhile could be started under the request that made it."""
         if self.alert_sender is not None:
             self.alert_sender.start()
         self._thread.start()
+        self._first_pass.wait(FIRST_PASS_WAIT_S)
 
     def stop(self) -> None:
         self._stop.set()
@@ -82,4 +87,5 @@ class Supervisor:
                     self.tick()
             except Exception:  # one bad tick (a locked database, a full disk) must not end supervision
                 log.exception("supervisor tick failed; trying again")
+            self._first_pass.set()
             self._stop.wait(self.interval)

@@ -12,8 +12,11 @@ from rankboard import wire
 from rankboard.report import Reporter
 from sqlalchemy.orm import Session
 
+from app.core.db import make_engine
 from app.core.models import Alert, Run, RunStatus, utcnow
+from app.core.settings import Settings
 from app.launcher import processes
+from app.main import create_app
 from app.services import runs as runs_service
 from app.services.lifecycle.tick import ACTIVE, NO_REPORTS, final_status
 from app.store import queue as queue_store
@@ -149,6 +152,20 @@ def test_a_run_whose_processes_vanished_without_an_exit_record_is_lost(client: T
     run = tick(client)
     assert run["status"] == "lost" and "disappeared" in run["status_reason"]
     assert [e["status"] for e in run["events"]][-1] == "lost"
+
+
+def test_the_first_answer_of_a_restarted_server_already_shows_a_run_that_vanished_while_it_was_away_as_lost(
+    settings: Settings,
+) -> None:
+    # As the last server left it: running, its pid now another process's. Stored before this server starts.
+    engine = make_engine(settings.sqlalchemy_url)
+    with Session(engine) as db, db.begin():
+        db.add(Run(name="left", workload="mlp", nproc_per_node=1, status=RunStatus.running, status_reason="",
+                   pid=os.getpid(), pid_start_ticks=1, started_at=utcnow()))  # fmt: skip
+    engine.dispose()
+    with TestClient(create_app(settings)) as client:
+        run = client.get("/api/runs/1").json()
+    assert run["status"] == "lost" and "disappeared" in run["status_reason"]
 
 
 @pytest.mark.parametrize(
