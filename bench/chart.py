@@ -97,7 +97,9 @@ def main() -> None:
             widest = median_ms(lambda: chart(width=4000), args.repeats)
         raw = chart_store.ChartPlan(0, last, 0, -(-args.points // 1000), None)
         with app.state.sessions() as db:
-            plain = median_ms(lambda: chart_store.buckets(db, series_id=series_id, chart=raw, rank=None), 5)
+            plain = median_ms(
+                lambda: chart_store.buckets(db, series_id=series_id, chart=raw, rank=None, last_step=last), 5
+            )
     print(f"{args.points:,} points, one rank, width 1000, GET via TestClient, median of {args.repeats}:")
     print(f"  whole range: {whole:.1f} ms; 1% zoom (steps {zoom[0]:,}..{zoom[1]:,}): {zoomed:.1f} ms")
     print(f"  worst case for the tiers, whole range at width 4000 (~16 tier rows per bucket): {widest:.1f} ms")

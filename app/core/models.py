@@ -341,8 +341,9 @@ class MetricTier(Base):
     One row per (series, tier, bucket, rank): bucket is step // tier; `min_value` and `max_value` ignore NaN (NULL
     when the bucket holds only NaN); `last_step` is the bucket's highest step, `last_value` the value there (NULL
     for NaN) and `last_time` its unix time (nullable only because 0018 added it to a filled table, then filled it).
-    Kept up to date on ingest (app.store.charts.refresh_tiers). On SQLite it is stored WITHOUT ROWID: the rows are
-    the primary-key index, so a range of buckets is one contiguous read.
+    Kept up to date on ingest (app.store.charts.merge_tiers): the finest tier's buckets with each point, a coarser
+    tier's once the series' steps pass their end. On SQLite it is stored WITHOUT ROWID: the rows are the primary-key
+    index, so a range of buckets is one contiguous read.
     """
 
     __tablename__ = "metric_tiers"

@@ -42,7 +42,7 @@ def chart(
         # A range past the last point is a chart with nothing in it yet, not a mistake.
         end_step = max(start_step, last) if end_step is None else end_step
         plan = chart_store.plan(start_step=start_step, end_step=end_step, width=width)
-        buckets = chart_store.buckets(db, series_id=series_id, chart=plan, rank=rank)
+        buckets = chart_store.buckets(db, series_id=series_id, chart=plan, rank=rank, last_step=last)
     # Built without validation: the values come from the store, and checking each of a chart's 5,000 numbers again
     # took longer than reading them. FastAPI writes it with the model's serializer (MetricValue's "NaN" included).
     return ChartOut.model_construct(key=key, start_step=start_step, end_step=end_step,

@@ -3,8 +3,11 @@
 Reading every point of a million-point series per request would freeze the page, and thinning by stride or average
 loses the spike that matters. So wide buckets are aggregated from pre-aggregated rows: `metric_tiers` keeps each
 rank's min, max, highest step and the value and unix time there per `tier` steps, for each tier in TIERS: ingest
-merges the points it added into every tier at once (`merge_tiers`: a point already stored is never added again, so
-re-sending a batch changes nothing); `refresh_tiers` rebuilds buckets from the points, for a store being built.
+merges the points it added into the finest tier (`merge_tiers`: a point already stored is never added again, so
+re-sending a batch changes nothing), and into a coarser tier's bucket only once the bucket is closed (it lies wholly
+at or below the series' highest step): a chart reads a coarse bucket only then, so an open one is built from the
+finer tier when the series' steps pass its end. `refresh_tiers` rebuilds buckets from the points, for a store being
+built.
 
 A chart reads the coarsest tier whose bucket fits in the requested bucket, so at most TIER_RATIO * width rows per
 rank, or the raw points when the requested bucket is smaller than the finest tier (fewer than TIERS[0] * width
@@ -23,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
 from app.store import chunks
@@ -34,22 +37,24 @@ if TYPE_CHECKING:
 TIER_RATIO = 16
 # Bucket sizes in steps; each tier is built from the one before it, TIER_RATIO of its rows per bucket.
 TIERS = tuple(TIER_RATIO**level for level in range(1, 5))  # 16, 256, 4,096, 65,536
-# (series_id, rank, first, last): an inclusive range of steps (for the finest tier) or of a tier's buckets.
-Span = tuple[int, int, int, int]
-# SQLite allows 32,766 parameters in one statement: 4 per span.
+# (series_id, rank, first, last): an inclusive range of steps (for the finest tier) or of a tier's buckets; or
+# (series_id, first, last), of every rank.
+Span = tuple[int, ...]
+# SQLite allows 32,766 parameters in one statement: 4 per span at most.
 SPANS_PER_STATEMENT = 8000
+_PER_RANK = " AND f.rank = t.rank"
 
 # Each coarser tier from the tier before it, the value and time at each bucket's last step from the finer bucket
 # holding that step (one join: a lookup per bucket, not one per column). The tier sizes are our constants, written
-# into the text so that the GROUP BY expression is the same as the selected one on PostgreSQL too. (The finest tier
-# comes from the chunks, in Python: `_finest_rows`.)
+# into the text so that the GROUP BY expression is the same as the selected one on PostgreSQL too. `touched` names
+# (series, rank, first, last) finer buckets, or with {ranks} empty (series, first, last) of every rank. (The finest
+# tier comes from the chunks, in Python: `_finest_rows`.)
 _FROM_TIER = (
     "SELECT g.series_id, {tier}, g.bucket, g.rank, g.min_value, g.max_value, g.last_step, l.last_value{time}"
     " FROM (SELECT f.series_id AS series_id, f.bucket / {ratio} AS bucket, f.rank AS rank,"
     "  MIN(f.min_value) AS min_value, MAX(f.max_value) AS max_value, MAX(f.last_step) AS last_step"
     "  FROM touched t, metric_tiers f"
-    "  WHERE f.series_id = t.series_id AND f.tier = {finer} AND f.bucket BETWEEN t.first AND t.last"
-    "  AND f.rank = t.rank"
+    "  WHERE f.series_id = t.series_id AND f.tier = {finer} AND f.bucket BETWEEN t.first AND t.last{ranks}"
     "  GROUP BY f.series_id, f.bucket / {ratio}, f.rank) g"
     " JOIN metric_tiers l ON l.series_id = g.series_id AND l.tier = {finer} AND l.bucket = g.last_step / {finer}"
     "  AND l.rank = g.rank"
@@ -154,14 +159,15 @@ def chart_series(db: Session, *, run_id: int, key: str) -> tuple[int, tuple[int,
     return rows[0].id, (first, last)
 
 
-def buckets(db: Session, *, series_id: int, chart: ChartPlan, rank: int | None) -> Buckets:
-    """The chart's buckets of every rank (or of `rank`), by rank then step.
+def buckets(db: Session, *, series_id: int, chart: ChartPlan, rank: int | None, last_step: int) -> Buckets:
+    """The chart's buckets of every rank (or of `rank`), by rank then step, of the points up to `last_step`: the
+    series' highest, past which a coarse tier's bucket is still open (`merge_tiers`).
 
     Whole tier buckets are aggregated in SQL, each chart bucket's last value and time read from the tier row holding
     its last step; the part-filled tier buckets at the ends from finer tiers' whole buckets, and only the steps that
     no tier bucket covers (fewer than the finest tier's at each end, or a range too short for any) from the points.
     """
-    spans, raw = _reads(chart)
+    spans, raw = _reads(chart, through=last_step)
     parts = [Buckets.of_points(chunks.read(db, series_id=series_id, first=first, last=last, rank=rank))
              for first, last in raw]  # fmt: skip
     if spans:
@@ -194,14 +200,16 @@ def _tier_buckets(
                    np.array(highs, np.float64), np.array(lasts, np.float64), np.array(times, np.float64))  # fmt: skip
 
 
-def _reads(chart: ChartPlan) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
-    """What the chart reads: (tier, first bucket, last bucket) of whole tier buckets, and step ranges of points.
+def _reads(chart: ChartPlan, *, through: int) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """What the chart reads of its steps up to `through`: (tier, first bucket, last bucket) of whole tier buckets,
+    and step ranges of points.
 
     The chart's tier for the inside of the range; at each end, what is left to each finer tier's whole buckets in
     turn. Each tier divides the chart's (they are powers of TIER_RATIO), so each of its buckets still lies in one
     chart bucket; an end that only part-fills a bucket of 65,536 steps reads a few rows, not a thousand chunks.
     """
-    left, spans = [(chart.start_step, chart.end_step)], []
+    end = min(chart.end_step, through)
+    left, spans = [(chart.start_step, end)] if chart.start_step <= end else [], []
     for tier in reversed([tier for tier in TIERS if chart.tier is not None and tier <= chart.tier]):
         rest = []
         for low, high in left:
@@ -277,7 +285,8 @@ def refresh_tiers(db: Session, written: Sequence[chunks.Written], *, times: bool
         in_finer = [
             (series_id, rank, first * ratio, last * ratio + ratio - 1) for series_id, rank, first, last in spans
         ]
-        select = _FROM_TIER.format(tier=tier, ratio=ratio, finer=finer, time=", l.last_time" if times else "")
+        select = _FROM_TIER.format(tier=tier, ratio=ratio, finer=finer, time=", l.last_time" if times else "",
+                                   ranks=_PER_RANK)  # fmt: skip
         _upsert(db, f"INSERT INTO metric_tiers ({columns}) {select}{on_conflict}", in_finer)
 
 
@@ -330,31 +339,92 @@ def _merged(spans: Iterable[Span]) -> list[Span]:
 def _upsert(db: Session, statement: str, spans: Sequence[Span]) -> None:
     connection = db.connection()
     marker = chunks.marker(connection)
+    names = "series_id, rank, first, last" if len(spans[0]) == 4 else "series_id, first, last"
+    row = f"({','.join([marker] * len(spans[0]))})"
     for start in range(0, len(spans), SPANS_PER_STATEMENT):
         chunk = spans[start : start + SPANS_PER_STATEMENT]
-        values = ",".join([f"({marker},{marker},{marker},{marker})"] * len(chunk))
         connection.exec_driver_sql(
-            f"WITH touched (series_id, rank, first, last) AS (VALUES {values}) {statement}",
+            f"WITH touched ({names}) AS (VALUES {','.join([row] * len(chunk))}) {statement}",
             tuple(itertools.chain.from_iterable(chunk)),
         )
 
 
 def merge_tiers(db: Session, written: Sequence[chunks.Written]) -> None:
-    """Merges the chunks' added points into every tier's buckets: one upsert statement for all tiers, and no read.
+    """Merges the chunks' added points into the finest tier, and into the coarser tiers' buckets already closed;
+    then builds each coarser bucket that the added points close from the tier below it. Call it before merging the
+    summaries, whose highest steps (the series' before these points) it reads; in the ingest transaction, the series
+    locked (app.store.metrics.lock_series), so that no other writer closes a bucket meanwhile.
 
     Ingest's way (`refresh_tiers` rebuilds from what is stored instead, for a store being built). A bucket's min and
     max merge as min and max, its last value as the one of the higher step; every added point is new to its (series,
     rank), so merging is exact, and merging a point twice changes nothing. NaN is NULL here: a min or max of only NaN.
+    A coarse bucket is read by charts only once closed (`buckets`): a trainer's points fill one an upsert per point
+    in the finest tier and one statement at its end, where every tier took an upsert per point (bench/big_job.py).
     """
-    rows = _added_rows(written)
-    if not rows:
+    written = [chunk for chunk in written if len(chunk.new.steps)]
+    if not written:
         return
-    columns, _rebuild = _upsert_parts(times=True)
     connection = db.connection()
     marker = chunks.marker(connection)
+    highest = _Highest.of(connection, written)
+    rows = _added_rows(written, highest.before[highest.of_chunk])
+    columns, rebuild = _upsert_parts(times=True)
     connection.exec_driver_sql(
         f"INSERT INTO metric_tiers ({columns}) VALUES ({', '.join([marker] * len(rows[0]))}){_MERGE}", rows
     )
+    for finer, tier in itertools.pairwise(TIERS):
+        ratio = tier // finer
+        in_finer = [(series_id, first * ratio, last * ratio + ratio - 1) for series_id, first, last
+                    in highest.closing(tier)]  # fmt: skip
+        if in_finer:
+            select = _FROM_TIER.format(tier=tier, ratio=ratio, finer=finer, time=", l.last_time", ranks="")
+            _upsert(db, f"INSERT INTO metric_tiers ({columns}) {select}{rebuild}", in_finer)
+
+
+@dataclass(frozen=True)
+class _Highest:
+    """The series that chunks gained points in, ascending, with each one's highest step before and after them; and
+    each chunk's series among them."""
+
+    series: np.ndarray
+    before: np.ndarray
+    after: np.ndarray
+    of_chunk: np.ndarray
+
+    @staticmethod
+    def of(connection: Connection, written: Sequence[chunks.Written]) -> _Highest:
+        """Before: from the series' summary (read here), or one below its lowest added step where it had no point
+        (no bucket below that holds one of it)."""
+        import numpy as np
+
+        series_of = np.array([chunk.series_id for chunk in written])
+        firsts, lasts = (np.array([int(chunk.new.steps[end]) for chunk in written]) for end in (0, -1))
+        order = np.argsort(series_of, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(series_of[order]) != 0])
+        series = series_of[order][starts]
+        lowest = np.minimum.reduceat(firsts[order], starts)
+        tops = _highest_steps(connection, series.tolist())
+        before = np.array([tops.get(s, low - 1) for s, low in zip(series.tolist(), lowest.tolist(), strict=True)])
+        after = np.maximum(before, np.maximum.reduceat(lasts[order], starts))
+        return _Highest(series, before, after, np.searchsorted(series, series_of))
+
+    def closing(self, tier: int) -> list[Span]:
+        """The (series, first, last) buckets of the tier that the added points close: from the one just above the
+        series' highest step before them to the last wholly at or below its highest step after."""
+        first, last = (self.before + 1) // tier, (self.after + 1) // tier - 1
+        closes = first <= last
+        return list(zip(self.series[closes].tolist(), first[closes].tolist(), last[closes].tolist(), strict=True))
+
+
+def _highest_steps(connection: Connection, series_ids: Sequence[int]) -> dict[int, int]:
+    """Each series' highest stored step, from its summary; a series without points has none."""
+    marker, found = chunks.marker(connection), dict[int, int]()
+    for start in range(0, len(series_ids), SPANS_PER_STATEMENT):
+        part = series_ids[start : start + SPANS_PER_STATEMENT]
+        listed = ", ".join([marker] * len(part))
+        query = f"SELECT series_id, last_step FROM metric_summaries WHERE series_id IN ({listed})"
+        found.update(connection.exec_driver_sql(query, tuple(part)).all())
+    return found
 
 
 def _newer(column: str) -> str:
@@ -374,24 +444,30 @@ _MERGE = (
 )
 
 
-def _added_rows(written: Sequence[chunks.Written]) -> list[tuple[Any, ...]]:
-    """Per tier, the rows that the added points alone make of each (series, bucket, rank) they fall in."""
+def _added_rows(written: Sequence[chunks.Written], closed_below: np.ndarray) -> list[tuple[Any, ...]]:
+    """The rows that the added points alone make of each (series, tier, bucket, rank) they fall in: in the finest
+    tier all, in a coarser one only those of buckets closed before them, which end at or below `closed_below` (each
+    chunk's series' highest step before)."""
     import numpy as np
 
-    written = [chunk for chunk in written if len(chunk.new.steps)]
-    if not written:
-        return []
     steps, values, times = (np.concatenate(parts) for parts in zip(*(c.new.columns() for c in written), strict=True))
     owner = np.repeat(np.arange(len(written)), [len(chunk.new.steps) for chunk in written])
     series_of = np.array([chunk.series_id for chunk in written])
     rank_of = np.array([chunk.rank for chunk in written])
+    below = closed_below[owner]
     rows: list[tuple[Any, ...]] = []
     for tier in TIERS:  # each chunk's steps ascend: a bucket's points are one run of them
         bucket = steps // tier
-        starts = np.flatnonzero(np.r_[True, (np.diff(bucket) != 0) | (np.diff(owner) != 0)])
-        ends = np.r_[starts[1:], len(steps)] - 1
-        lows, highs = np.fmin.reduceat(values, starts), np.fmax.reduceat(values, starts)
-        rows += zip(series_of[owner[starts]].tolist(), [tier] * len(starts), bucket[starts].tolist(),
-                    rank_of[owner[starts]].tolist(), nulls(lows), nulls(highs), steps[ends].tolist(),
-                    nulls(values[ends]), times[ends].tolist(), strict=True)  # fmt: skip
+        ours, in_bucket, of = owner, bucket, (steps, values, times)
+        if tier != TIERS[0]:
+            late = bucket * tier + tier - 1 <= below
+            if not late.any():  # the common case: every point in a bucket still open
+                continue
+            ours, in_bucket, of = owner[late], bucket[late], (steps[late], values[late], times[late])
+        starts = np.flatnonzero(np.r_[True, (np.diff(in_bucket) != 0) | (np.diff(ours) != 0)])
+        ends = np.r_[starts[1:], len(ours)] - 1
+        lows, highs = np.fmin.reduceat(of[1], starts), np.fmax.reduceat(of[1], starts)
+        rows += zip(series_of[ours[starts]].tolist(), [tier] * len(starts), in_bucket[starts].tolist(),
+                    rank_of[ours[starts]].tolist(), nulls(lows), nulls(highs), of[0][ends].tolist(),
+                    nulls(of[1][ends]), of[2][ends].tolist(), strict=True)  # fmt: skip
     return rows

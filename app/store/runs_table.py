@@ -160,20 +160,35 @@ def sparklines(
 ) -> dict[tuple[int, str], list[tuple[int, float]]]:
     """A small line of each of these runs' series of these keys, by (run, key): per bucket of the finest tier that
     cuts the series into fewer than `points` buckets, its highest step and the ranks' mean of their last values
-    there (NaN buckets left out). One query for the whole page, a few rows per series however long it is."""
+    there (NaN buckets left out), and the summary's last value at the end. One query for the whole page, a few rows
+    per series however long it is."""
     if not run_ids or not keys:
         return {}
     # The tier each series is read at, from its summary's highest step (the coarsest where none is fine enough).
     tier = case(*((MetricSummary.last_step < points * size, size) for size in TIERS[:-1]), else_=TIERS[-1])
+    # A coarser tier's bucket is built once the series' steps pass it (app.store.charts.merge_tiers).
+    closed = or_(tier == TIERS[0], (MetricTier.bucket + 1) * tier - 1 <= MetricSummary.last_step)
     rows = db.execute(
-        select(MetricSeries.run_id, MetricSeries.key, func.max(MetricTier.last_step), func.avg(MetricTier.last_value))
+        select(
+            MetricSeries.run_id,
+            MetricSeries.key,
+            func.max(MetricTier.last_step),
+            func.avg(MetricTier.last_value),
+            func.max(MetricSummary.last_step),
+            func.max(MetricSummary.last_value),
+        )
         .join(MetricSummary, MetricSummary.series_id == MetricSeries.id)
         .join(MetricTier, and_(MetricTier.series_id == MetricSeries.id, MetricTier.tier == tier))
-        .where(MetricSeries.run_id.in_(run_ids), MetricSeries.key.in_(keys), MetricTier.last_value.is_not(None))
+        .where(MetricSeries.run_id.in_(run_ids), MetricSeries.key.in_(keys), MetricTier.last_value.is_not(None), closed)
         .group_by(MetricSeries.run_id, MetricSeries.key, MetricTier.bucket)
         .order_by(MetricSeries.run_id, MetricSeries.key, MetricTier.bucket)
     )
     lines: dict[tuple[int, str], list[tuple[int, float]]] = {}
-    for run_id, key, step, value in rows:
+    ends: dict[tuple[int, str], tuple[int, float | None]] = {}
+    for run_id, key, step, value, last_step, last_value in rows:
         lines.setdefault((run_id, key), []).append((int(step), float(value)))
+        ends[run_id, key] = (int(last_step), last_value)
+    for series, (last_step, last_value) in ends.items():
+        if last_value is not None and last_step > lines[series][-1][0]:  # in a bucket still open
+            lines[series].append((last_step, float(last_value)))
     return lines

@@ -1,10 +1,11 @@
 """Each series' summary for the runs table: its last value, min and max, kept up to date on ingest.
 
 Ingest merges the points it added (`merge`): min and max as min and max, the highest step as the higher; the last
-value, the lowest rank's at the highest step, is read from the coarsest tier's row that holds that step (merged just
+value, the lowest rank's at the highest step, is read from the finest tier's row that holds that step (merged just
 before), one row, where recomputing read every rank's rows. Only new points are merged, so a re-sent batch changes
 nothing. `refresh` recomputes from the coarsest tier (app.store.charts), whose buckets together hold every point of
-the series, for a store being built (migrations).
+the series once `refresh_tiers` has built them all, for a store being built (migrations): ingest leaves a coarse
+bucket open until the series' steps pass it.
 """
 
 from __future__ import annotations
@@ -34,18 +35,20 @@ _REFRESH = text(
 
 
 def refresh(db: Session, series_ids: Iterable[int]) -> None:
-    """Recomputes the summary of each series from what is stored now; call it after refreshing the tiers."""
+    """Recomputes the summary of each series from what is stored now; call it after rebuilding the series' tiers
+    (app.store.charts.refresh_tiers)."""
     params = [{"series_id": series_id, "tier": TIERS[-1]} for series_id in sorted(set(series_ids))]
     if params:
         db.execute(_REFRESH, params)
 
 
-# The last value: the lowest rank's at the highest step, read from the coarsest tier's row holding that step (merged
-# just before); taken when the added points reach the summary's highest step, else the summary's own stays.
+# The last value: the lowest rank's at the highest step, read from the finest tier's row holding that step (merged
+# just before; a coarser one is merged only once closed); taken when the added points reach the summary's highest
+# step, else the summary's own stays.
 # Sent through the driver, with its parameter marker (`{m}`) in the order `merge` gives them: SQLAlchemy's own
 # handling of each row's named parameters cost more than the statement (bench/big_job.py).
 _LAST_VALUE = (
-    f"(SELECT l.last_value FROM metric_tiers l WHERE l.series_id = {{m}} AND l.tier = {TIERS[-1]}"
+    f"(SELECT l.last_value FROM metric_tiers l WHERE l.series_id = {{m}} AND l.tier = {TIERS[0]}"
     " AND l.bucket = {m} AND l.last_step = {m} ORDER BY l.rank LIMIT 1)"
 )
 _MERGE = (
@@ -80,7 +83,7 @@ def merge(db: Session, written: Sequence[Written]) -> None:
     firsts = np.r_[0, np.cumsum(sizes)[:-1]][starts]  # each series' first point among `values`
     lows, highs = np.fmin.reduceat(values, firsts), np.fmax.reduceat(values, firsts)
     tops = np.maximum.reduceat(np.array([int(chunk.new.steps[-1]) for chunk in written]), starts).tolist()
-    tier = TIERS[-1]
+    tier = TIERS[0]
     rows = [(top, series_id, top // tier, top, low, high, series_id) for series_id, top, low, high
             in zip(series[starts].tolist(), tops, nulls(lows), nulls(highs), strict=True)]  # fmt: skip
     connection = db.connection()

@@ -164,6 +164,16 @@ def test_each_run_in_the_list_has_its_loss_sparkline_read_in_one_query_for_the_p
         assert sum("metric_tiers" in sql for sql in statements) == 1  # one query, however many runs the page shows
 
 
+def test_a_long_runs_sparkline_ends_at_its_last_step_inside_a_coarse_bucket_still_open(client: TestClient) -> None:
+    """3,000 steps are read at the tier of 256 steps, whose bucket of steps 2,816-3,071 is not yet built (it is,
+    once the run passes step 3,071): the line still ends at step 3,000's loss, 2 / 3,000."""
+    run_id = running_run(client)
+    for first in range(1, 3001, 500):
+        points = tuple(wire.Point("loss", step, 2.0 / step, 0, 1.7e9 + step) for step in range(first, first + 500))
+        assert post(client, run_id, wire.Batch(points).to_json()).status_code == 200
+    assert 'to 0.0006667"' in client.get("/").text
+
+
 def test_the_run_page_says_what_would_cut_communication_only_while_it_holds_on_a_run_long_enough(
     client: TestClient,
 ) -> None:

@@ -178,7 +178,7 @@ def what_readers_return(db: Session, ids: dict[str, int]) -> dict[str, Any]:
         first, last = chunks.step_range(db, series_id=series_id) or (0, 0)
         for width in (1000, 50, 3):
             plan = chart_store.plan(start_step=first, end_step=last, width=width)
-            found = chart_store.buckets(db, series_id=series_id, chart=plan, rank=None)
+            found = chart_store.buckets(db, series_id=series_id, chart=plan, rank=None, last_step=last)
             seen[key, width] = [column.tobytes() for column in found.columns()]
         seen[key, "count"] = chunks.count(db, series_ids=[series_id])
         seen[key, "newest"] = [c.tobytes() for c in chunks.newest_points(db, series_id=series_id, limit=10).columns()]
