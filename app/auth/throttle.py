@@ -1,43 +1,42 @@
-"""Login attempts rate-limited, per user name and per client address, in this process's memory.
+"""Login attempts rate-limited, per user name and per client address, counted in the database (by the SHA-256 of
+each: a name of any length fits, and no one reads the names and addresses tried from it).
 
-With `rankboard serve --workers N` each worker counts the failures it saw, and a client's connections land on any
-worker: a guesser gets up to N times `login_attempts` per window (the README says so where it describes --workers).
+Every worker of `rankboard serve --workers N` reads and adds to the same failures, so a guesser whose connections land
+on all of them still gets `login_attempts` per window, not N times that.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-import time
-from collections import deque
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session
+
+from app.auth.passwords import sha256
+from app.core.models import utcnow
+from app.store import users as user_store
 
 
 class LoginThrottle:
     """Counts failed logins in a sliding window; a key with `limit` failures in it waits until the oldest expires."""
 
     def __init__(self, *, limit: int, window_s: float) -> None:
-        self.limit, self.window_s = limit, window_s
-        self._failures: dict[str, deque[float]] = {}
-        self._lock = threading.Lock()  # logins are sync routes: several threads at once
+        self.limit, self.window = limit, timedelta(seconds=window_s)
 
-    def wait_s(self, *keys: tuple[str, int]) -> int:
+    def wait_s(self, db: Session, *keys: tuple[str, int]) -> int:
         """Seconds until a login may be tried for these (key, limit factor) pairs; 0 when it may now."""
-        now = time.monotonic()
-        with self._lock:
-            waits = [self._wait(key, self.limit * factor, now) for key, factor in keys]
+        now = utcnow()
+        waits = [self._wait(db, key, self.limit * factor, now) for key, factor in keys]
         return max(waits, default=0)
 
-    def failed(self, *keys: str) -> None:
-        with self._lock:
-            for key in keys:
-                self._failures.setdefault(key, deque()).append(time.monotonic())
+    def failed(self, db: Session, keys: Sequence[str]) -> None:
+        """Counts a failed login against each key, in the caller's transaction."""
+        now = utcnow()
+        user_store.add_login_failures(db, keys=[sha256(key) for key in keys], at=now, forget_before=now - self.window)
 
-    def _wait(self, key: str, limit: int, now: float) -> int:
-        failures = self._failures.get(key)
-        if not failures:
+    def _wait(self, db: Session, key: str, limit: int, now: datetime) -> int:
+        oldest = user_store.login_failure_at(db, key=sha256(key), since=now - self.window, nth=limit)
+        if oldest is None:
             return 0
-        while failures and now - failures[0] > self.window_s:
-            failures.popleft()
-        if len(failures) < limit:
-            return 0
-        return max(1, math.ceil(failures[-limit] + self.window_s - now))
+        return max(1, math.ceil((oldest + self.window - now).total_seconds()))

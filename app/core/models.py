@@ -471,6 +471,18 @@ class LoginSession(Base):
     user: Mapped[User] = relationship(lazy="joined")
 
 
+class LoginFailure(Base):
+    """A failed login, once per key it counts against (the SHA-256 of `user:<name>`, of `addr:<client>`): in the
+    database, so that every worker of `serve --workers N` counts the same (app.auth.throttle)."""
+
+    __tablename__ = "login_failures"
+    __table_args__ = (Index("ix_login_failures_key_at", "key", "at"), Index("ix_login_failures_at", "at"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
 class ApiToken(Base):
     """A bearer token for automation; only its SHA-256 is kept. `user_id` is who made it (None: made from the CLI)."""
 

@@ -78,21 +78,24 @@ def log_in(db: Session, *, name: str, password: str, client: str, throttle: Logi
            settings: Settings) -> str:  # fmt: skip
     """A new session's id for the cookie (any session the browser had is ended: a fresh id at each login)."""
     keys = (f"user:{name}", f"addr:{client}")
-    wait = throttle.wait_s((keys[0], 1), (keys[1], 4))
-    if wait:
-        raise LoginThrottled(wait)
     with db.begin():
+        wait = throttle.wait_s(db, (keys[0], 1), (keys[1], 4))
+        if wait:
+            raise LoginThrottled(wait)
         user = user_store.user_by_name(db, name)
         if not verify_password(password, user.password_hash if user else None) or user is None:
-            throttle.failed(*keys)
-            raise NotAuthenticated("wrong user name or password")
-        if replaces:
-            user_store.delete_session(db, sha256(replaces))
-        now = utcnow()  # the sessions past their expiry go now: nothing else would delete them
-        user_store.delete_sessions_before(db, created_before=now - timedelta(seconds=settings.session_max_s),
-                                          seen_before=now - timedelta(seconds=settings.session_idle_s))  # fmt: skip
-        session_id = new_secret()
-        db.add(LoginSession(id_hash=sha256(session_id), user_id=user.id))
+            throttle.failed(db, keys)  # committed: the refusal is raised once the block ends
+            user = None
+        else:
+            if replaces:
+                user_store.delete_session(db, sha256(replaces))
+            now = utcnow()  # the sessions past their expiry go now: nothing else would delete them
+            user_store.delete_sessions_before(db, created_before=now - timedelta(seconds=settings.session_max_s),
+                                              seen_before=now - timedelta(seconds=settings.session_idle_s))  # fmt: skip
+            session_id = new_secret()
+            db.add(LoginSession(id_hash=sha256(session_id), user_id=user.id))
+    if user is None:
+        raise NotAuthenticated("wrong user name or password")
     return session_id
 
 

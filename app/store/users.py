@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import delete, exists, func, select
 from sqlalchemy.orm import Session
 
-from app.core.models import ApiToken, LoginSession, Role, User
+from app.core.models import ApiToken, LoginFailure, LoginSession, Role, User
 
 
 def any_user(db: Session) -> bool:
@@ -50,3 +50,15 @@ def token_by_hash(db: Session, token_hash: str) -> ApiToken | None:
 
 def list_tokens(db: Session) -> Sequence[ApiToken]:
     return db.scalars(select(ApiToken).order_by(ApiToken.id.desc())).all()
+
+
+def login_failure_at(db: Session, *, key: str, since: datetime, nth: int) -> datetime | None:
+    """The time of the key's `nth` newest failed login after `since`; None when it has fewer."""
+    newest = select(LoginFailure.at).where(LoginFailure.key == key, LoginFailure.at > since)
+    return db.scalar(newest.order_by(LoginFailure.at.desc()).offset(nth - 1).limit(1))
+
+
+def add_login_failures(db: Session, *, keys: Sequence[str], at: datetime, forget_before: datetime) -> None:
+    """Records a failed login against each key, and forgets the failures of any key from before `forget_before`."""
+    db.execute(delete(LoginFailure).where(LoginFailure.at < forget_before))
+    db.add_all([LoginFailure(key=key, at=at) for key in keys])

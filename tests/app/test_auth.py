@@ -337,6 +337,22 @@ def test_failed_logins_are_rate_limited(tmp_path: Path) -> None:
     assert "too many failed logins" in throttled.text and "rankboard_session" not in browser.cookies
 
 
+def test_failed_logins_count_across_the_server_processes_on_one_database(tmp_path: Path) -> None:
+    """As two workers of `serve --workers 2`: the failures one process saw hold the login back on the other, for
+    that name and for that address; another name from another address still logs in."""
+    settings = make_settings(tmp_path, admin_password=SecretStr(ADMIN_PASSWORD), login_attempts=2)
+    first, second = TestClient(create_app(settings)), TestClient(create_app(settings))
+    with first.app.state.sessions() as db:  # type: ignore[attr-defined]
+        users.add_user(db, name="olga", role=Role.operator, password=PASSWORDS["olga"], actor="test")
+    for _ in range(2):
+        assert first.post("/login", data={"name": "admin", "password": "nope-nope"}).status_code == 401
+    throttled = second.post("/login", data={"name": "admin", "password": ADMIN_PASSWORD}, follow_redirects=False)
+    assert throttled.status_code == 429 and "rankboard_session" not in second.cookies
+    elsewhere = TestClient(second.app, client=("10.0.0.7", 50000))
+    assert elsewhere.post("/login", data={"name": "olga", "password": PASSWORDS["olga"]},
+                          follow_redirects=False).status_code == 303  # fmt: skip
+
+
 # --- API tokens -----------------------------------------------------------------------------------------------------
 
 
