@@ -66,6 +66,18 @@ the same posts are stored in a quiet process, outside HTTP). PostgreSQL (2 worke
 64x8 p50/p99 1.06/1.64 s with 2 workers, 1.01/1.32 s with 1, with the server at 0.7 and PostgreSQL at 0.5 of a core:
 every node's post writes the same per-rank series (rank/step_ms...), whose row locks, and the live log's lock, each
 writer holds to its commit, so the writers take turns.
+
+Then (2026-11-27, issue 39's fourth step: a point merged into the finest chart tier only, a coarser tier's bucket
+built once the series' steps pass it), 30 s runs, before = b83bae0 from a worktree, alternated, on a quiet machine
+(load 0.7-1.5). SQLite 128x8 with the page: every post and point stored both sides; ingest p99 93-323 -> 61-527 ms,
+server CPU 0.66-0.73 -> 0.58-0.73, point-to-page p99 1.10-1.14 -> 1.09-1.36 s: within the runs' spread; the writer
+thread (/proc) 0.547 -> 0.508-0.513 of a core; in its py-spy profile the tiers' share 214 -> 88 samples, the upsert
+itself 145 -> 28. PostgreSQL 64x8, 1 process: p50/p99 100-117/432-465 -> 14-47/233-405 ms, CPU 0.61-0.63 -> 0.51-0.61;
+2 workers: p50/p99 382-735/695-1088 -> 19-103/400-465 ms, point-to-page p99 1.59-1.96 -> 1.23-1.28 s. The largest
+jobs within p99 250 ms and 0.5 of a core here: SQLite 96x8 (p99 20-27 ms, 0.47-0.54 core; 128x8 takes 0.58-0.73),
+PostgreSQL with 2 workers 48x8 (p99 179-279 ms, 0.46-0.51 core, PostgreSQL's own CPU on top). Leaving out the live
+log entirely (a probe, PostgreSQL 64x8, 2 workers) changed nothing beyond the spread; so did a writer that lingers
+5 ms to group more posts (SQLite 128x8: 0.50 of a core either way).
 """
 
 from __future__ import annotations
