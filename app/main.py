@@ -19,7 +19,6 @@ from rankboard import wire
 from starlette.exceptions import HTTPException
 
 from app import __version__
-from app.auth.throttle import LoginThrottle
 from app.core.db import make_engine, make_sessionmaker, prepare_schema
 from app.core.errors import FieldInvalid, FormInvalid, LoginThrottled, MethodNotAllowed, RankboardError
 from app.core.folders import RunFolders
@@ -32,6 +31,7 @@ from app.services.alerts import AlertRules
 from app.services.examples import offer_examples
 from app.services.host import HostSampler
 from app.services.ingest_totals import IngestTotals
+from app.services.login_throttle import LoginThrottle
 from app.web.api import alerts as alerts_api
 from app.web.api import charts as charts_api
 from app.web.api import comm as comm_api

@@ -473,7 +473,7 @@ class LoginSession(Base):
 
 class LoginFailure(Base):
     """A failed login, once per key it counts against (the SHA-256 of `user:<name>`, of `addr:<client>`): in the
-    database, so that every worker of `serve --workers N` counts the same (app.auth.throttle)."""
+    database, so that every worker of `serve --workers N` counts the same (app.services.login_throttle)."""
 
     __tablename__ = "login_failures"
     __table_args__ = (Index("ix_login_failures_key_at", "key", "at"), Index("ix_login_failures_at", "at"))

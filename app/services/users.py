@@ -10,12 +10,12 @@ from sqlalchemy.orm import Session
 
 from app.auth.passwords import hash_password, new_password, new_secret, sha256, verify_password
 from app.auth.policy import Caller
-from app.auth.throttle import LoginThrottle
 from app.core.errors import Conflict, FieldInvalid, LoginThrottled, NotAuthenticated, UserNotFound
 from app.core.models import LoginSession, Role, User, utcnow
 from app.core.settings import Settings
 from app.schemas.users import NewUserOut
 from app.services import tokens
+from app.services.login_throttle import LoginThrottle
 from app.store import audit
 from app.store import users as user_store
 
