@@ -135,7 +135,8 @@ class _Group:
     def take(self, posts: Sequence[Post]) -> list[Outcome]:
         metric_store.hold_writes(self.db)  # before any read, which would begin a read transaction on SQLite
         self._lock_series(posts)
-        outcomes = [self._one(post) for post in posts]
+        with self.db.no_autoflush:  # each post's progress moves its run: the run's row is written once, at the commit
+            outcomes = [self._one(post) for post in posts]
         _refresh(self.db, chunks.combined(self.written), log=True)
         return outcomes
 

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import Insert, Table, case, select, update
+from sqlalchemy import Insert, Table, bindparam, case, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, lazyload, load_only
 
@@ -56,9 +56,13 @@ _INGEST_COLUMNS = (
 )  # fmt: skip
 
 
+# Built once: its options took longer to build than the query to run, once per group of batches.
+_INGEST_RUN = select(Run).options(load_only(*_INGEST_COLUMNS), lazyload("*")).where(Run.id == bindparam("run_id"))
+
+
 def ingest_run(db: Session, run_id: int) -> Run | None:
     """The run with what ingest needs of it loaded (the rest loads if asked for); None when there is none."""
-    return db.scalar(select(Run).options(load_only(*_INGEST_COLUMNS), lazyload("*")).where(Run.id == run_id))
+    return db.scalar(_INGEST_RUN, {"run_id": run_id})
 
 
 def _insert_ignoring_duplicates(db: Session, table: Table) -> Insert:

@@ -18,7 +18,9 @@ def reread_locked(db: Session, run: Run, attribute: str | None = None) -> None:
     """Rereads one column of the run (all of them by default) with its row held for writing until the commit, so
     that what the caller decides from it (a read-modify-write, a launch, a stop) loses no concurrent change. A write,
     not SELECT FOR UPDATE: SQLite has no row locks, and its deferred transaction takes the write lock only at the
-    first write, after a plain read could already be stale."""
+    first write, after a plain read could already be stale. What this session changed is written first: the reread
+    would drop it (ingest changes a group's runs without autoflush, app.services.metrics)."""
+    db.flush()
     column = attribute or "id"
     db.execute(update(Run).where(Run.id == run.id).values({column: getattr(Run, column)}))
     db.refresh(run, attribute_names=[attribute] if attribute else None)

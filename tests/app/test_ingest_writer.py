@@ -139,6 +139,22 @@ def test_a_post_that_fails_in_the_database_costs_its_group_a_retry_post_by_post_
     assert series(client, first) == [(1, 0, 1.0), (2, 0, 1.0)] and series(client, second) == [(1, 0, 1.0)]
 
 
+def test_one_group_keeps_what_each_of_its_posts_said_of_the_run(client: TestClient) -> None:
+    # The group writes its run's row once, at the commit: a node's inventory or a step must not be lost to the next
+    # post's reread of the row.
+    run_id = running_run(client, "nodes")
+    sessions = client.app.state.sessions  # type: ignore[attr-defined]
+    posts = [Post(run_id, TOKEN, BatchIn.model_validate({
+        "points": [{"key": "loss", "step": step, "value": 1.0, "time": 1.0}],
+        "node": wire.Node(host, (wire.Gpu(0, f"GPU-{host}", "NVIDIA H100"),)).to_json(),
+    })) for step, host in ((5, "node-a"), (6, "node-b"))]  # fmt: skip
+    with sessions() as db:
+        outcomes = metrics.ingest_group(db, posts)
+    assert [outcome.stored for outcome in outcomes] == [1, 1]  # type: ignore[union-attr]
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert [node["host"] for node in run["gpus"]] == ["node-a", "node-b"] and run["step"] == 6
+
+
 def test_a_new_run_that_gets_a_deleted_runs_id_gets_series_of_its_own(client: TestClient) -> None:
     first = running_run(client, "first")
     batch = {"points": [{"key": key, "step": 1, "value": 1.0, "time": 1.0} for key in ("loss", "val_loss")]}
