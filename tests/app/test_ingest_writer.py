@@ -9,7 +9,9 @@ import math
 import random
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
+from time import monotonic
 from typing import Any
 
 import httpx
@@ -31,6 +33,7 @@ from app.store import chunks
 from app.store import summaries as summary_store
 from app.store.charts import TIERS
 from app.store.metrics import SeriesIds
+from app.workers import ingest_writer
 from tests.app.conftest import TOKEN, post, running_run, series
 from tests.live import LiveServer, open_run, points, set_run
 from tests.postgres import new_database, postgres_bin, postgres_server
@@ -227,6 +230,34 @@ def stored_points(db: Session, run_id: int) -> dict[tuple[str, int, int], tuple[
             assert (key, step, rank) not in stored
             stored[key, step, rank] = (value, time)
     return stored
+
+
+def gathered(writer: ingest_writer.IngestWriter, first: ingest_writer._Job) -> list[ingest_writer._Job]:
+    """The writer's group that starts with `first`: fails rather than hang, should it wait its whole LINGER_S."""
+    group: list[ingest_writer._Job] = []
+    thread = threading.Thread(target=lambda: group.extend(writer._gathered(first)), daemon=True)
+    thread.start()
+    thread.join(timeout=20)
+    assert not thread.is_alive(), "the group waited for a post that was not coming"
+    return group
+
+
+def test_a_group_waits_for_other_senders_posting_at_once_and_never_for_a_lone_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ingest_writer, "LINGER_S", 600.0)  # a wait to its end would hang: `gathered` says so
+    writer = ingest_writer.IngestWriter(None, nice=0)  # type: ignore[arg-type]  # nothing submitted: no thread
+    batch = BatchIn.model_validate({"points": []})
+
+    def job(sender: str) -> ingest_writer._Job:
+        writer._senders.saw(sender, monotonic())
+        return ingest_writer._Job(Post(1, TOKEN, batch), Future(), sender, monotonic())
+
+    alone = job("node-a")
+    assert gathered(writer, alone) == [alone]  # one sender posting: its post is stored at once
+    first, second = job("node-a"), job("node-b")  # two senders posting at once: the group waits for the second
+    threading.Timer(0.2, writer._queue.put, [second]).start()
+    assert gathered(writer, first) == [first, second]
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])

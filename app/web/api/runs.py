@@ -165,8 +165,10 @@ async def ingest(run_id: RunId, request: Request, token: Annotated[str, Depends(
     Every rank posts here each second or two, so the route asks FastAPI for nothing it can take from the app itself:
     each dependency, and the check of a returned model, cost the event loop's thread CPU at every post
     (bench/post_cost.py)."""
-    state, body = request.app.state, await request.body()
-    stored = await state.ingest_threads.run(lambda: state.ingest_writer.submit(Post(run_id, token, parse_batch(body))))
+    state, body, sender = request.app.state, await request.body(), request.client
+    stored = await state.ingest_threads.run(
+        lambda: state.ingest_writer.submit(Post(run_id, token, parse_batch(body)), sender=sender)
+    )
     result = await asyncio.wrap_future(stored)
     return Response(result.model_dump_json(exclude_defaults=True), media_type="application/json")
 
