@@ -256,7 +256,7 @@ def _columns(batch: BatchIn, ids: dict[str, int]) -> dict[tuple[int, int], chunk
         steps += column.steps
         values += column.values
         times += column.times
-    return {key: chunks.Column.of(*points) for key, points in grouped.items()}
+    return chunks.Column.many(grouped)
 
 
 def _refresh(db: Session, written: Sequence[chunks.Written], *, log: bool) -> None:

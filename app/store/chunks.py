@@ -43,7 +43,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.orm import Session
@@ -74,6 +74,7 @@ TAIL_MAX = 16
 # The most decimal digits a sample's values may have: NVML's milliwatts as watts.
 MAX_DECIMALS = 3
 ChunkKey = tuple[int, int, int]  # (series_id, chunk, rank)
+K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,29 @@ class Column:
             return Column(step_array, value_array, time_array)
         unique, first = np.unique(step_array, return_index=True)
         return Column(unique, value_array[first], time_array[first])
+
+    @staticmethod
+    def many(points: Mapping[K, tuple[list[int], list[float], list[float]]]) -> dict[K, Column]:
+        """`of` for each, the arrays cut from one array per field: numpy's cost is per call, and a GPU node's post is
+        ~90 columns of a point or two (bench/big_job.py)."""
+        import numpy as np
+
+        sizes = [len(steps) for steps, _, _ in points.values()]
+        all_steps, all_values, all_times = [], [], []
+        for part_steps, part_values, part_times in points.values():
+            all_steps += part_steps
+            all_values += part_values
+            all_times += part_times
+        steps, values, times = np.array(all_steps, np.int64), np.array(all_values, float), np.array(all_times, float)
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        # A step not above the one before it, other than a column's first: its column is sorted and deduplicated.
+        back = np.flatnonzero(steps[1:] <= steps[:-1]) + 1
+        owners = np.searchsorted(ends, back, side="right")
+        unsorted = set(owners[starts[owners] != back].tolist())
+        cut = zip(points.items(), starts.tolist(), ends.tolist(), strict=True)
+        return {key: Column.of(*part) if n in unsorted else Column(steps[start:end], values[start:end],
+                times[start:end]) for n, ((key, part), start, end) in enumerate(cut)}  # fmt: skip
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return self.steps, self.values, self.times
@@ -321,21 +345,19 @@ def write(
     `append`, as ingest does, adds steps after a chunk's last as its tail where it can: such a chunk's Written holds
     only the points added, not the chunk's others, so it cannot rebuild chart tiers (app.store.charts.refresh_tiers).
     """
-    import numpy as np
-
     incoming = _by_chunk(columns)
     stored = _read_rows(db, incoming.keys(), _SAME_CHUNK)
     # The chunk before each new one takes no more appends: packed whole, if it has a tail, or as it is written.
     before = _read_rows(db, [key for key in incoming if key not in stored], _CHUNK_BEFORE) if append else {}
+    unpacked: dict[ChunkKey, Column] = {}
+    tails = _tails(incoming, stored, before, unpacked) if append else {}
     written, rows = [], []
     for key, new in incoming.items():
-        row, old = stored.get(key), None
-        if append and row is not None and key not in before:
-            tailed, old = _appended(row, new)
-            if tailed is not None:
-                written.append(Written(key[0], key[2], new, np.ones(len(new.steps), bool), new))
-                rows.append((*key, row.n + len(new.steps), min(row.first_time, float(new.times.min())), tailed))
-                continue
+        row, old = stored.get(key), unpacked.get(key)
+        if key in tails:
+            written.append(Written(key[0], key[2], new, _all_added()[: len(new.steps)], new))
+            rows.append((*key, row.n + len(new.steps), *tails[key]))  # type: ignore[union-attr]
+            continue
         if row is not None and old is None:
             old = decode(row.data, row.n)
         merged, added = _merged(old, new)
@@ -363,10 +385,13 @@ def _by_chunk(columns: Mapping[tuple[int, int], Column]) -> dict[ChunkKey, Colum
 
     incoming: dict[ChunkKey, Column] = {}
     for (series_id, rank), column in columns.items():
-        chunk_of = column.steps // SPAN
-        if len(chunk_of) and chunk_of[0] == chunk_of[-1]:  # a trainer's or sampler's batch: one chunk, no split
-            incoming[(series_id, int(chunk_of[0]), rank)] = column
+        if not len(column.steps):
             continue
+        first = int(column.steps[0]) // SPAN
+        if int(column.steps[-1]) // SPAN == first:  # a trainer's or sampler's batch: one chunk, no split
+            incoming[(series_id, first, rank)] = column
+            continue
+        chunk_of = column.steps // SPAN
         bounds = np.flatnonzero(np.diff(chunk_of)) + 1
         for part in np.split(np.arange(len(chunk_of)), bounds):
             if len(part):
@@ -381,21 +406,53 @@ class _Row(NamedTuple):
     data: bytes
 
 
-def _appended(row: _Row, new: Column) -> tuple[bytes | None, Column | None]:
-    """The chunk's blob with the new points as records after its last (None where that cannot be: a point not
-    after the chunk's last, or a tail past TAIL_MAX), and its points if they had to be unpacked to know."""
-    unpacked = None
-    if row.data[0] == TAILED:
-        (size,) = struct.unpack_from("<I", row.data, 1)
-        kept = (len(row.data) - 5 - size) // RECORD.size
-        last = RECORD.unpack_from(row.data, len(row.data) - RECORD.size)[0]
-    else:  # a chunk packed whole: unpacked once per TAIL_MAX appends
-        unpacked = decode(row.data, row.n)
-        kept, last = 0, int(unpacked.steps[-1])
-    if kept + len(new.steps) > TAIL_MAX or new.steps[0] <= last:
-        return None, unpacked
-    head = row.data if kept else bytes((TAILED,)) + struct.pack("<I", len(row.data)) + row.data
-    return head + records(*new.columns()), unpacked
+def _tails(
+    incoming: Mapping[ChunkKey, Column],
+    stored: Mapping[ChunkKey, _Row],
+    before: Mapping[ChunkKey, _Row],
+    unpacked: dict[ChunkKey, Column],
+) -> dict[ChunkKey, tuple[float, bytes]]:
+    """Each stored chunk's first time and blob with its new points as records after its last, where they all come
+    after it, its tail stays within TAIL_MAX and it is not `before` a new chunk; a chunk packed whole is unpacked to
+    know (once per TAIL_MAX appends), into `unpacked`. The records and first times of all made at once: numpy's cost
+    is per call, and a sampler's chunk gains a point a post (bench/big_job.py)."""
+    import numpy as np
+
+    heads: dict[ChunkKey, bytes] = {}
+    for key, new in incoming.items():
+        row = stored.get(key)
+        if row is None or key in before:
+            continue
+        if row.data[0] == TAILED:
+            (size,) = struct.unpack_from("<I", row.data, 1)
+            kept = (len(row.data) - 5 - size) // RECORD.size
+            last = RECORD.unpack_from(row.data, len(row.data) - RECORD.size)[0]
+        else:
+            unpacked[key] = decode(row.data, row.n)
+            kept, last = 0, int(unpacked[key].steps[-1])
+        if kept + len(new.steps) <= TAIL_MAX and new.steps[0] > last:
+            heads[key] = row.data if kept else bytes((TAILED,)) + struct.pack("<I", len(row.data)) + row.data
+    if not heads:
+        return {}
+    news = [incoming[key] for key in heads]
+    sizes = [len(new.steps) for new in news]
+    ends = np.cumsum(sizes).tolist()
+    steps, values, times = (np.concatenate(parts) for parts in zip(*(new.columns() for new in news), strict=True))
+    data = records(steps, values, times)
+    starts = [end - size for end, size in zip(ends, sizes, strict=True)]
+    firsts = np.minimum.reduceat(times, starts).tolist()
+    cut = zip(heads.items(), firsts, starts, ends, strict=True)
+    return {key: (min(stored[key].first_time, first), head + data[start * RECORD.size : end * RECORD.size])
+            for (key, head), first, start, end in cut}  # fmt: skip
+
+
+@functools.cache
+def _all_added() -> np.ndarray:
+    import numpy as np
+
+    mask = np.ones(TAIL_MAX, bool)
+    mask.flags.writeable = False  # shared by every appended chunk's Written: read, never written
+    return mask
 
 
 def _merged(old: Column | None, new: Column) -> tuple[Column, np.ndarray]:

@@ -39,6 +39,22 @@ def test_the_same_step_from_two_ranks_is_two_points(client: TestClient, run_id: 
     assert series(client, run_id, "step_time") == [(5, 0, 0.1), (5, 1, 0.3)]
 
 
+def test_columns_sent_out_of_order_or_with_a_step_twice_store_each_step_once_in_order(
+    client: TestClient, run_id: int
+) -> None:
+    # One batch, several columns: each is cut from arrays shared by all of them, a disordered one sorted on its own.
+    columns = (
+        wire.Column("a", 0, [5, 6, 7], [0.5, 0.6, 0.7], [1.0] * 3),
+        wire.Column("b", 0, [9, 2, 9, 4], [0.9, 0.2, 9.9, 0.4], [1.0] * 4),  # step 9 twice: the first sent is kept
+        wire.Column("c", 0, [1, 3], [0.1, 0.3], [1.0] * 2),  # below the column before: in order on its own
+        wire.Column("a", 1, [8, 8], [0.8, 8.8], [1.0] * 2),
+    )
+    assert post(client, run_id, wire.Batch(columns=columns).to_json()).json() == {"accepted": 11, "stored": 9}
+    assert series(client, run_id, "a") == [(5, 0, 0.5), (6, 0, 0.6), (7, 0, 0.7), (8, 1, 0.8)]
+    assert series(client, run_id, "b") == [(2, 0, 0.2), (4, 0, 0.4), (9, 0, 0.9)]
+    assert series(client, run_id, "c") == [(1, 0, 0.1), (3, 0, 0.3)]
+
+
 def test_nan_and_infinities_are_stored_as_what_they_are(client: TestClient, run_id: int) -> None:
     points = [wire.Point("loss", 1, math.nan), wire.Point("loss", 2, math.inf), wire.Point("loss", 3, -math.inf)]
     assert post(client, run_id, wire.Batch(tuple(points)).to_json()).status_code == 200
