@@ -18,9 +18,9 @@ again, as the client does (the server stores a point once).
 A separate thread reads the run page's live points stream (`/runs/<id>/stream?parts=points`, watching the loss, one
 GPU's utilization and the rank step times) and notes, per point, the time from the start of its post to its arrival.
 
-Printed: posts/s (made of planned), ingest latency p50/p99 (client side), point-to-page p50/p99, the server's CPU in
-cores and RSS (psutil, the server and its worker processes), points stored vs sent. `--profile` records the server
-with py-spy (raw collapsed stacks) for the whole load.
+Printed: posts/s (made of planned), ingest latency p50/p99 (client side; again for the posts after the first
+SETTLE_S), point-to-page p50/p99, the server's CPU in cores and RSS (psutil, the server and its worker processes),
+points stored vs sent. `--profile` records the server with py-spy (raw collapsed stacks) for the whole load.
 
 This machine has 2 cores shared with the load generator (a few % of a core) and other work: compare figures only
 between runs taken back to back. `--no-page` leaves the page out (no point-to-page): the ingest alone.
@@ -117,6 +117,9 @@ except (ImportError, AttributeError):  # a client before the per-node relay (or 
     relay = None  # type: ignore[assignment]
 HEARTBEATS = relay is not None
 DRAIN_S = 10.0
+# The first seconds are every node's first post at once (its inventory, ~90 new series): the latency after them is
+# reported apart.
+SETTLE_S = 5.0
 
 
 @dataclass
@@ -124,6 +127,7 @@ class Figures:
     """What the threads measured: appended to from many threads (list.append holds the GIL)."""
 
     latencies: list[float] = field(default_factory=list)
+    steady: list[float] = field(default_factory=list)  # of posts begun SETTLE_S after the load's start
     planned: list[int] = field(default_factory=lambda: [0])
     sent_points: list[int] = field(default_factory=list)  # of each post made (a retry not counted again)
     accepted: list[int] = field(default_factory=list)  # of each post the server took
@@ -191,12 +195,14 @@ class Node:
             connection.close()
 
 
-def post(node: Node, rank: int, body: bytes, figures: Figures, until: float) -> bool:
+def post(node: Node, rank: int, body: bytes, figures: Figures, until: float, settled: bool) -> bool:
     """Posts one body until the server takes it (a retry is safe: points are keyed), or the run's time is over."""
     while time.monotonic() < until:
         began = time.perf_counter()
         status, line, _reply = node.connections[rank].post(body)
         figures.latencies.append(time.perf_counter() - began)
+        if settled:
+            figures.steady.append(figures.latencies[-1])
         if status == 200:
             return True
         if status is not None and status < 500 and status != 429:
@@ -220,7 +226,7 @@ def drive(node: Node, start: float, args: argparse.Namespace, figures: Figures, 
             for key, step, _value, _at, point_rank in points:
                 figures.posted_at.setdefault((key, step, point_rank), began)
             figures.sent_points.append(size)
-            if post(node, rank, body, figures, until):
+            if post(node, rank, body, figures, until, settled=began - start >= SETTLE_S):
                 figures.accepted.append(size)
     node.close()
 
@@ -336,6 +342,8 @@ def report(figures: Figures, stored: int, args: argparse.Namespace, log: str) ->
     print(f"  posts/s              {made / args.seconds:8.1f}   ({made:,} made of {figures.planned[0]:,} planned)")
     print(f"  ingest latency       p50 {statistics.median(figures.latencies) * ms:8.1f} ms   "
           f"p99 {percentile(figures.latencies, 0.99) * ms:8.1f} ms")  # fmt: skip
+    print(f"    after {SETTLE_S:.0f} s         p50 {percentile(figures.steady, 0.5) * ms:8.1f} ms   "
+          f"p99 {percentile(figures.steady, 0.99) * ms:8.1f} ms")  # fmt: skip
     if figures.delays:
         p50, p99 = percentile(figures.delays, 0.5) * ms, percentile(figures.delays, 0.99) * ms
         print(
