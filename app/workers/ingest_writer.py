@@ -7,12 +7,13 @@ writer never waits for another, and one commit carries many batches; each batch 
 the same way. The batches are parsed before they come here, on the ingest threads.
 
 A group's own cost (its transaction, its lookups, its commit) was about a fifth of a one-post group's: when several
-senders post at once (a job's nodes, each on its connection), a group waits up to LINGER_S for the others' posts
-(bench/big_job.py). A sender posting alone, one post after the other, is never kept waiting.
+senders post at once (a job's nodes, each on its connection), a group waits up to LINGER_S for the posts of those
+that posted within RECENT_S (bench/big_job.py). A sender posting alone, one post after the other, never waits.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -31,7 +32,7 @@ from app.workers.ingest_threads import lower_this_thread
 GROUP = 256  # batches in one transaction at most: a commit's latency stays bounded when a backlog drains
 WRITERS = {"sqlite": 1, "postgresql": 4}
 LINGER_S = 0.02  # how long after its first post a group waits for other senders' posts
-ACTIVE_S = 1.0  # a sender that posted within about this long is one a group may wait for
+RECENT_S = 0.1  # the senders that posted within this long are those a group waits for
 
 
 class _Job(NamedTuple):
@@ -42,25 +43,22 @@ class _Job(NamedTuple):
 
 
 class _Senders:
-    """The senders that posted lately: those a group may wait for. Shared by the ingest threads that note them and
-    the writers that count them."""
+    """The senders that posted within the last RECENT_S: those a group waits for. Noted by the ingest threads, read
+    by the writers. A sender gone quiet (its job ended, its connection closed) is waited for no longer than that."""
 
     def __init__(self) -> None:
-        self._last: dict[Hashable, float] = {}
-        self._pruned = 0.0
+        self._recent: collections.deque[tuple[float, Hashable]] = collections.deque()
         self._lock = threading.Lock()
 
     def saw(self, sender: Hashable, at: float) -> None:
         with self._lock:
-            self._last[sender] = at
+            self._recent.append((at, sender))
 
-    def active(self, now: float) -> int:
-        """How many posted within the last ACTIVE_S (up to twice that: the old ones are dropped once a while)."""
+    def recent(self, now: float) -> set[Hashable]:
         with self._lock:
-            if now - self._pruned > ACTIVE_S:
-                self._last = {sender: at for sender, at in self._last.items() if now - at <= ACTIVE_S}
-                self._pruned = now
-            return len(self._last)
+            while self._recent and now - self._recent[0][0] > RECENT_S:
+                self._recent.popleft()
+            return {sender for _, sender in self._recent}
 
 
 class IngestWriter:
@@ -116,12 +114,12 @@ class IngestWriter:
             self._store(self._gathered(first))
 
     def _gathered(self, first: _Job) -> list[_Job]:
-        """`first` and the posts queued since; while fewer senders are in the group than posted lately, those that
-        come within LINGER_S of `first`."""
-        group, senders = [first], {first.sender}
-        active, deadline = self._senders.active(first.arrived), first.arrived + LINGER_S
+        """`first` and the posts queued since; and until every sender that posted lately has one in the group, those
+        that come within LINGER_S of `first`."""
+        group, deadline = [first], first.arrived + LINGER_S
+        waiting = self._senders.recent(first.arrived) - {first.sender}
         while len(group) < GROUP:
-            wait = deadline - time.monotonic() if len(senders) < active else 0.0
+            wait = deadline - time.monotonic() if waiting else 0.0
             try:
                 job = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
             except queue.Empty:
@@ -130,7 +128,7 @@ class IngestWriter:
                 self._queue.put(None)
                 break
             group.append(job)
-            senders.add(job.sender)
+            waiting.discard(job.sender)
         return group
 
     def _store(self, group: list[_Job]) -> None:

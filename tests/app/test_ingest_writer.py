@@ -242,7 +242,7 @@ def gathered(writer: ingest_writer.IngestWriter, first: ingest_writer._Job) -> l
     return group
 
 
-def test_a_group_waits_for_other_senders_posting_at_once_and_never_for_a_lone_one(
+def test_a_group_waits_for_other_senders_posting_at_once_and_never_for_a_lone_or_gone_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(ingest_writer, "LINGER_S", 600.0)  # a wait to its end would hang: `gathered` says so
@@ -253,6 +253,8 @@ def test_a_group_waits_for_other_senders_posting_at_once_and_never_for_a_lone_on
         writer._senders.saw(sender, monotonic())
         return ingest_writer._Job(Post(1, TOKEN, batch), Future(), sender, monotonic())
 
+    # A sender whose last post was half a second ago: its next, if any, is not due within the wait.
+    writer._senders.saw("node-z", monotonic() - 0.5)
     alone = job("node-a")
     assert gathered(writer, alone) == [alone]  # one sender posting: its post is stored at once
     first, second = job("node-a"), job("node-b")  # two senders posting at once: the group waits for the second
