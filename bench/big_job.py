@@ -78,6 +78,22 @@ jobs within p99 250 ms and 0.5 of a core here: SQLite 96x8 (p99 20-27 ms, 0.47-0
 PostgreSQL with 2 workers 48x8 (p99 179-279 ms, 0.46-0.51 core, PostgreSQL's own CPU on top). Leaving out the live
 log entirely (a probe, PostgreSQL 64x8, 2 workers) changed nothing beyond the spread; so did a writer that lingers
 5 ms to group more posts (SQLite 128x8: 0.50 of a core either way).
+
+Then (2026-11-27, issue 39's fifth step: a group writes its run's row once, at the commit, where each post's
+progress flushed it; a group waits up to 20 ms for the posts of the senders that posted in the last 100 ms, its
+transaction, lookups and commit being a fifth of a one-post group's cost; a post's columns cut from one array per
+field and its chunks' tails made in one numpy call; the write lock taken through the driver), SQLite 128x8 with the
+page, 30 s runs, before = 9a2d0b6 from a worktree, alternated. Quiet (load ~1): server CPU 0.62, 0.64, 0.65 -> 0.56,
+0.51, 0.59 of a core; the writer thread 0.52, 0.54 -> 0.40, 0.39; ingest p50 4.6-4.9 -> 26-29 ms (the wait), p99
+80-131 -> 77-235 ms; point-to-page p99 1.09-1.12 s both; all stored. Busier (other tenants; before at 0.84): 0.84,
+0.84 -> 0.68, 0.71 of a core, p99 after the first 5 s 544-654 -> 352-410 ms. The whole run's p99 is often its first
+second's: every node's first post (inventory, ~90 new series) at once. In-process (the writer alone, no HTTP;
+128 nodes posting once a second): 0.60 -> 0.47 of a core from the wait alone; 2.81-2.91 -> 2.50-2.59 ms of CPU a post
+at groups of 3 from the columns. PostgreSQL 64x8, 2 workers: p50 284-310 -> 176-225 ms, p99 after 5 s 486-561 ->
+541-639 ms, server CPU 0.68 -> 0.67 (within the spread). What would go further: a journal of posts, compacted into
+the chunks every few seconds, with reads merging what is not compacted yet. Its ceiling, measured in-process by
+merging 5 s of posts (groups of 640) per (series, rank) before the chunks: 3.0 -> 1.73 ms a post, 42% less, before
+the journal's own row per post.
 """
 
 from __future__ import annotations
