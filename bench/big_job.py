@@ -216,9 +216,10 @@ def post(node: Node, rank: int, body: bytes, figures: Figures, until: float, set
     while time.monotonic() < until:
         began = time.perf_counter()
         status, line, _reply = node.connections[rank].post(body)
-        figures.latencies.append(time.perf_counter() - began)
+        took = time.perf_counter() - began
+        figures.latencies.append(took)
         if settled:
-            figures.steady.append(figures.latencies[-1])
+            figures.steady.append(took)
         if status == 200:
             return True
         if status is not None and status < 500 and status != 429:

@@ -356,7 +356,7 @@ def write(
         row, old = stored.get(key), unpacked.get(key)
         if key in tails:
             written.append(Written(key[0], key[2], new, _all_added()[: len(new.steps)], new))
-            rows.append((*key, row.n + len(new.steps), *tails[key]))  # type: ignore[union-attr]
+            rows.append((*key, *tails[key]))
             continue
         if row is not None and old is None:
             old = decode(row.data, row.n)
@@ -411,11 +411,11 @@ def _tails(
     stored: Mapping[ChunkKey, _Row],
     before: Mapping[ChunkKey, _Row],
     unpacked: dict[ChunkKey, Column],
-) -> dict[ChunkKey, tuple[float, bytes]]:
-    """Each stored chunk's first time and blob with its new points as records after its last, where they all come
-    after it, its tail stays within TAIL_MAX and it is not `before` a new chunk; a chunk packed whole is unpacked to
-    know (once per TAIL_MAX appends), into `unpacked`. The records and first times of all made at once: numpy's cost
-    is per call, and a sampler's chunk gains a point a post (bench/big_job.py)."""
+) -> dict[ChunkKey, tuple[int, float, bytes]]:
+    """Each stored chunk's row (its points' count, first time, and blob with its new points as records after its
+    last) where they all come after it, its tail stays within TAIL_MAX and it is not `before` a new chunk; a chunk
+    packed whole is unpacked to know (once per TAIL_MAX appends), into `unpacked`. The records and first times of all
+    made at once: numpy's cost is per call, and a sampler's chunk gains a point a post (bench/big_job.py)."""
     import numpy as np
 
     heads: dict[ChunkKey, bytes] = {}
@@ -442,7 +442,8 @@ def _tails(
     starts = [end - size for end, size in zip(ends, sizes, strict=True)]
     firsts = np.minimum.reduceat(times, starts).tolist()
     cut = zip(heads.items(), firsts, starts, ends, strict=True)
-    return {key: (min(stored[key].first_time, first), head + data[start * RECORD.size : end * RECORD.size])
+    return {key: (stored[key].n + end - start, min(stored[key].first_time, first),
+                  head + data[start * RECORD.size : end * RECORD.size])
             for (key, head), first, start, end in cut}  # fmt: skip
 
 
