@@ -127,7 +127,10 @@ def test_every_rank_of_both_runs_in_their_colours_and_the_view_comes_back_from_i
     )
     toolbar.locator("select[name=x]").select_option("rel")
     wanted = {"x": "rel", "smoothing": "0.6", "ranks": "mean", "lines": "2"}
-    page.wait_for_function("() => document.querySelector('#loss-box').dataset.smoothing === '0.6'")
+    # Each change redraws on its own: the x axis' can land after the smoothing's (CI saw it), so wait for both.
+    page.wait_for_function(
+        "() => (d => d.smoothing === '0.6' && d.x === 'rel')(document.querySelector('#loss-box').dataset)"
+    )
     assert {name: drawn(page, "loss")[name] for name in wanted} == wanted
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SHOTS / "compare-mean.png"), full_page=True)
