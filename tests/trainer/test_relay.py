@@ -73,14 +73,15 @@ def test_a_nodes_ranks_make_one_post_an_interval_and_every_point_arrives_once(
         run_id = open_run(server, TOKEN)
         before = batches_taken(server)
         reporters = node(server, run_id, tmp_path / str(relayed), 4, relayed=relayed)
-        train(reporters, range(150))  # ~2 s: about 10 intervals
+        train(reporters, range(300))  # ~4 s, about 20 intervals: the closes' extra posts weigh little beside them
         for reporter in reporters:
             reporter.close()
         counts[relayed] = batches_taken(server) - before
-        assert stored(server, run_id) == logged(4, range(150))
-        assert ranks_seen(server, run_id) == {0: 149, 1: 149, 2: 149, 3: 149}  # each rank's last heartbeat
+        assert stored(server, run_id) == logged(4, range(300))
+        assert ranks_seen(server, run_id) == {0: 299, 1: 299, 2: 299, 3: 299}  # each rank's last heartbeat
     # Four ranks posting for themselves make about four times the posts; the closes at the end post each rank's
-    # last points, which the relay may or may not catch in one window.
+    # last points, which the relay may or may not catch in one window, and on a busy machine a window may miss a rank
+    # (CI once saw 19 relayed posts to 35 over 150 steps, where a quiet run makes 12-17 to 33-36).
     assert counts[True] * 2 <= counts[False], counts
 
 
