@@ -285,16 +285,16 @@ class MetricChunk(Base):
 
 
 class RecentPoints(Base):
-    """The newest points as they were stored, for live pages: one row per chunk a batch added to, with the points it
-    added, packed as in a chunk. `id` numbers points, not rows: it is the row's last point's number, so a cursor is a
-    point number, as with a point table. Only the newest `app.store.metrics.RECENT_POINTS` are kept."""
+    """The newest points as they were stored, for live pages: one row per run per ingest transaction, with the points
+    it added to each (series, rank) of the run (app.store.metrics.log_recent). `id` numbers points, not rows: it is
+    the row's last point's number, so a cursor is a point number, as with a point table. Only the newest
+    `app.store.metrics.RECENT_POINTS` are kept."""
 
     __tablename__ = "metric_recent"
-    __table_args__ = (Index("ix_metric_recent_series_id_id", "series_id", "id"),)
+    __table_args__ = (Index("ix_metric_recent_run_id_id", "run_id", "id"),)
 
     id: Mapped[int] = mapped_column(POINT_ID_TYPE, primary_key=True, autoincrement=False)
-    series_id: Mapped[int] = mapped_column(ForeignKey("metric_series.id", ondelete="CASCADE"))
-    rank: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
     n: Mapped[int] = mapped_column(Integer)
     data: Mapped[bytes] = mapped_column(LargeBinary)
 

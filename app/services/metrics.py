@@ -129,7 +129,7 @@ class _Group:
         self.db, self.series = db, series
         self.runs: dict[int, Run] = {}
         self.tokens: dict[tuple[int, str], bool] = {}
-        self.written: list[chunks.Written] = []
+        self.written: dict[int, list[chunks.Written]] = {}  # by run
         self.new_series: SeriesKeys = {}  # found or made by this transaction: kept once it commits
 
     def take(self, posts: Sequence[Post]) -> list[Outcome]:
@@ -137,7 +137,9 @@ class _Group:
         self._lock_series(posts)
         with self.db.no_autoflush:  # each post's progress moves its run: the run's row is written once, at the commit
             outcomes = [self._one(post) for post in posts]
-        _refresh(self.db, chunks.combined(self.written), log=True)
+        written = {run_id: chunks.combined(run_written) for run_id, run_written in self.written.items()}
+        _refresh(self.db, [chunk for run_written in written.values() for chunk in run_written])
+        metric_store.log_recent(self.db, written)  # last: on PostgreSQL its lock is then held only to the commit
         return outcomes
 
     def _lock_series(self, posts: Sequence[Post]) -> None:
@@ -159,7 +161,7 @@ class _Group:
             result, written = self._store(post)
         except RankboardError as error:  # refused before it wrote anything (`_admitted`)
             return error
-        self.written += written
+        self.written.setdefault(post.run_id, []).extend(written)
         return result
 
     def _store(self, post: Post) -> tuple[IngestResult, list[chunks.Written]]:
@@ -259,21 +261,19 @@ def _columns(batch: BatchIn, ids: dict[str, int]) -> dict[tuple[int, int], chunk
     return chunks.Column.many(grouped)
 
 
-def _refresh(db: Session, written: Sequence[chunks.Written], *, log: bool) -> None:
-    """The chart tiers and the runs table's summaries of the chunks written, in the same transaction; and with `log`
-    the live pages' log of their new points, last: on PostgreSQL its lock is then held only up to the commit."""
+def _refresh(db: Session, written: Sequence[chunks.Written]) -> None:
+    """The chart tiers and the runs table's summaries of the chunks written, in the same transaction."""
     if not written:  # a batch of nothing but re-sent points cannot change the charts' tiers
         return
     chart_store.merge_tiers(db, written)
     summary_store.merge(db, written)
-    if log:
-        metric_store.log_recent(db, written)
 
 
 def _store_points(db: Session, *, run_id: int, batch: BatchIn) -> int:
     ids = metric_store.series_ids(db, run_id=run_id, keys=_keys(batch))
-    written = metric_store.insert_points(db, _columns(batch, ids))
-    _refresh(db, written, log=False)
+    written = metric_store.insert_points(db, _columns(batch, ids), log=False)
+    _refresh(db, written)
+    metric_store.log_recent(db, {run_id: written})
     return sum(len(chunk.new.steps) for chunk in written)
 
 

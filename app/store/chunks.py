@@ -61,7 +61,8 @@ LEVEL = 1
 KEYS_PER_STATEMENT = 8000
 # A blob's first byte: zlib's header for shuffled float columns (every chunk before 0021), SAMPLES for
 # integer-coded samples (the byte after it: their decimal digits), TAILED for packed points with raw records
-# appended (the 4 bytes after it: the packed part's length), RECORDS for raw records alone (the live pages' log).
+# appended (the 4 bytes after it: the packed part's length), RECORDS for raw records alone (the live pages' log
+# before 0026).
 SHUFFLED = 0x78
 SAMPLES = 0x01
 TAILED = 0x02
@@ -220,10 +221,10 @@ def decode(blob: bytes | memoryview, n: int) -> Column:
     if blob[0] == SAMPLES:
         return _decode_samples(blob, n)
     if blob[0] == RECORDS:
-        return _from_records(memoryview(blob)[1:])
+        return from_records(memoryview(blob)[1:])
     if blob[0] == TAILED:
         (size,) = struct.unpack_from("<I", blob, 1)
-        head, tail = memoryview(blob)[5 : 5 + size], _from_records(memoryview(blob)[5 + size :])
+        head, tail = memoryview(blob)[5 : 5 + size], from_records(memoryview(blob)[5 + size :])
         packed = decode(head, n - len(tail.steps))  # every step of a tail comes after them
         return Column(*(np.concatenate(pair) for pair in zip(packed.columns(), tail.columns(), strict=True)))
     columns = _unshuffled(zlib.decompress(blob), n)
@@ -239,7 +240,8 @@ def records(steps: np.ndarray, values: np.ndarray, times: np.ndarray) -> bytes:
     return out.tobytes()
 
 
-def _from_records(data: memoryview) -> Column:
+def from_records(data: memoryview) -> Column:
+    """Raw records (`records`) as a column."""
     import numpy as np
 
     found = np.frombuffer(data, _record_type())

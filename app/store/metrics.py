@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import functools
+import struct
 import threading
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import Insert, Table, bindparam, case, select
+from sqlalchemy import Insert, Table, bindparam, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, lazyload, load_only
 
 from app.core.models import MetricSeries, RecentHead, RecentPoints, Run
 from app.store import chunks
 
+if TYPE_CHECKING:
+    import numpy as np
+
 # How many of the newest points the log for live pages keeps (`points_after`): about 25 MB. A page that falls
 # further behind than that (hours away at the rates trainers send) is told so, and reads its charts again.
 RECENT_POINTS = 1_000_000
 # The advisory lock that numbers the log's rows in commit order on PostgreSQL: any fixed number of our own.
 RECENT_LOCK = 0x52616E6B  # "Rank"
+# A log row's blob's first byte (after app.store.chunks' own kinds).
+LOGGED = 0x04
 
 RECENT: Table = RecentPoints.__table__  # type: ignore[assignment]
 HEAD: Table = RecentHead.__table__  # type: ignore[assignment]
@@ -159,51 +166,82 @@ def insert_points(
 
     The series are locked first (`lock_series`) unless the caller has (`locked`). The new points are also logged for
     live pages (`points_after`), unless the caller logs them itself (`log=False`: `log_recent` once for several
-    batches, as the ingest writer's group does). `append`: as ingest stores them (app.store.chunks.write).
+    batches, by run, as the ingest writer's group does). `append`: as ingest stores them (app.store.chunks.write).
     """
     if not locked:
         lock_series(db, {series_id for series_id, _rank in columns})
     written = chunks.write(db, columns, samples=True, append=append)
     if log:
-        log_recent(db, written)
+        log_recent(db, _by_run(db, written))
     return written
 
 
-def log_recent(db: Session, written: Sequence[chunks.Written]) -> None:
-    """Logs the points just added, one row per (series, rank), numbered on from the log's last point; forgets all
-    but the newest RECENT_POINTS. Stored as raw records: the log is small, and only kept a while.
+def _by_run(db: Session, written: Sequence[chunks.Written]) -> dict[int, list[chunks.Written]]:
+    """The chunks by their series' run."""
+    series = select(SERIES.c.id, SERIES.c.run_id).where(SERIES.c.id.in_({chunk.series_id for chunk in written}))
+    run_of = dict(db.execute(series).all())
+    by_run: dict[int, list[chunks.Written]] = {}
+    for chunk in written:
+        by_run.setdefault(run_of[chunk.series_id], []).append(chunk)
+    return by_run
+
+
+def log_recent(db: Session, written: Mapping[int, Sequence[chunks.Written]]) -> None:
+    """Logs the points just added to each run's chunks, a row for each run (`LOGGED`), numbered on from the log's
+    last point; forgets all but the newest RECENT_POINTS. A GPU node's post adds a point to each of ~90 (series,
+    rank): a row for each cost the ingest writer more than their chunks' own writes (bench/big_job.py).
 
     On PostgreSQL a lock held to the commit numbers the rows in commit order, so a live page that saw a row has seen
     every row numbered before it (with a sequence, a transaction committing later could add a lower number).
     """
-    by_series: dict[tuple[int, int], list[chunks.Column]] = {}
-    for chunk in written:
-        if len(chunk.new.steps):
-            by_series.setdefault((chunk.series_id, chunk.rank), []).append(chunk.new)
-    if not by_series:
+    added = {run_id: new for run_id, chunks_written in written.items()
+             if (new := [chunk for chunk in chunks_written if len(chunk.new.steps)])}  # fmt: skip
+    if not added:
         return
-    import numpy as np  # on first use, not at the server's start (app.store.chunks)
-
     connection = db.connection()
     if connection.dialect.name == "postgresql":
         connection.exec_driver_sql("SELECT pg_advisory_xact_lock(%s)", (RECENT_LOCK,))
-    # Every row's records made at once, then cut: numpy's cost is per call, and a row is often one point.
-    pieces = [piece for parts in by_series.values() for piece in parts]
-    sizes = [sum(len(piece.steps) for piece in parts) for parts in by_series.values()]
-    data = chunks.records(*(np.concatenate(column) for column in zip(*(p.columns() for p in pieces), strict=True)))
     marker = chunks.marker(connection)
     top = connection.exec_driver_sql("SELECT head FROM metric_recent_head WHERE id = 1").scalar_one()
-    rows, start = [], 0
-    for (series_id, rank), size in zip(by_series, sizes, strict=True):
-        end = start + size * chunks.RECORD.size
-        top += size
-        rows.append((top, series_id, rank, size, bytes((chunks.RECORDS,)) + data[start:end]))
-        start = end
-    connection.exec_driver_sql(
-        f"INSERT INTO metric_recent (id, series_id, rank, n, data) VALUES ({', '.join([marker] * 5)})", rows
-    )
+    rows = []
+    for run_id, new in added.items():
+        n, data = _logged(new)
+        top += n
+        rows.append((top, run_id, n, data))
+    insert = f"INSERT INTO metric_recent (id, run_id, n, data) VALUES ({', '.join([marker] * 4)})"
+    connection.exec_driver_sql(insert, rows)
     connection.exec_driver_sql(f"UPDATE metric_recent_head SET head = {marker} WHERE id = 1", (top,))
     connection.exec_driver_sql(f"DELETE FROM metric_recent WHERE id <= {marker}", (top - RECENT_POINTS,))
+
+
+def _logged(written: Sequence[chunks.Written]) -> tuple[int, bytes]:
+    """A log row's points and blob: LOGGED, the number of columns, each column's (series, rank, points) as
+    `_head_type`, then their points as raw records (chunks.RECORD), column after column. All records made at once:
+    numpy's cost is per call, and a column is often one point."""
+    import numpy as np
+
+    head = np.empty(len(written), _head_type())
+    head["series_id"] = [chunk.series_id for chunk in written]
+    head["rank"] = [chunk.rank for chunk in written]
+    head["n"] = [len(chunk.new.steps) for chunk in written]
+    data = chunks.records(*(np.concatenate(column) for column in zip(*(c.new.columns() for c in written), strict=True)))
+    return int(head["n"].sum()), struct.pack("<BI", LOGGED, len(head)) + head.tobytes() + data
+
+
+def _log_columns(data: bytes | memoryview) -> tuple[np.ndarray, int]:
+    """A log row's columns (series_id, rank, n) and where their records start in its blob."""
+    import numpy as np
+
+    _kind, count = struct.unpack_from("<BI", data)
+    head = np.frombuffer(data, _head_type(), count, offset=5)
+    return head, 5 + head.nbytes
+
+
+@functools.cache
+def _head_type() -> np.dtype[Any]:
+    import numpy as np
+
+    return np.dtype([("series_id", "<i8"), ("rank", "<i4"), ("n", "<i4")])
 
 
 def series_keys(db: Session, *, run_id: int) -> list[str]:
@@ -244,27 +282,40 @@ def points_after(db: Session, *, run_id: int, after_id: int, limit: int) -> list
 
 
 def watched_points_after(
-    db: Session, *, run_id: int, after_id: int, limit: int, watch: frozenset[str] | None
+    db: Session,
+    *,
+    run_id: int,
+    after_id: int,
+    limit: int,
+    watch: frozenset[str] | None,
+    keys: MutableMapping[int, str] | None = None,
 ) -> tuple[list[StoredPoint], set[str]]:
     """As points_after, of the `watch` keys only (all with None), and the other keys that got points meanwhile: their
-    rows are neither fetched whole nor decoded, which is most of what a live page of 200 charts cost to feed."""
-    data = RECENT.c.data if watch is None else case((SERIES.c.key.in_(watch), RECENT.c.data), else_=None)
-    query = (
-        select(RECENT.c.id, SERIES.c.key, RECENT.c.rank, RECENT.c.n, data)
-        .join(SERIES, SERIES.c.id == RECENT.c.series_id)
-        .where(SERIES.c.run_id == run_id, RECENT.c.id > after_id)
-        .order_by(RECENT.c.id)
-    )
+    points are not decoded, which is most of what a live page of 200 charts cost to feed. `keys` keeps the run's
+    series keys by id between calls (a live page's stream): a series never changes its key."""
+    keys = {} if keys is None else keys
+    query = select(RECENT.c.id, RECENT.c.n, RECENT.c.data).where(RECENT.c.run_id == run_id, RECENT.c.id > after_id)
     found: list[StoredPoint] = []
     others: set[str] = set()
-    for last_id, key, rank, n, data in db.execute(query).yield_per(64):
-        if data is None:
-            others.add(key)
-            continue
-        column = chunks.decode(data, n)
-        ids = range(last_id - n + 1, last_id + 1)
-        rows = zip(ids, column.steps.tolist(), column.values.tolist(), column.times.tolist(), strict=True)
-        found += [StoredPoint(id_, key, step, rank, value, time) for id_, step, value, time in rows if id_ > after_id]
+    for last_id, n, data in db.execute(query.order_by(RECENT.c.id)).yield_per(16):
+        head, offset = _log_columns(data)
+        series = head["series_id"].tolist()
+        if not keys.keys() >= set(series):
+            keys.update(db.execute(select(SERIES.c.id, SERIES.c.key).where(SERIES.c.run_id == run_id)).all())
+        first_id = last_id - n + 1
+        for series_id, rank, size in zip(series, head["rank"].tolist(), head["n"].tolist(), strict=True):
+            key, start, offset = keys[series_id], offset, offset + size * chunks.RECORD.size
+            first_id += size
+            if first_id - 1 <= after_id:  # a row the last call ended in: its columns read then
+                continue
+            if watch is not None and key not in watch:
+                others.add(key)
+                continue
+            column = chunks.from_records(memoryview(data)[start:offset])
+            ids = range(first_id - size, first_id)
+            rows = zip(ids, column.steps.tolist(), column.values.tolist(), column.times.tolist(), strict=True)
+            found += [StoredPoint(id_, key, step, rank, value, time) for id_, step, value, time in rows
+                      if id_ > after_id]  # fmt: skip
         if len(found) >= limit:
             break
     return found, others

@@ -264,7 +264,7 @@ def store_without_times(db: Session, run_id: int, points: dict[str, Points], rng
         for step, rank in part.tolist():
             by_rank[ids[key], rank].append((step, points[key][step, rank], time_of(step, rank)))
         columns = {owner: chunks.Column.of(*zip(*rows, strict=True)) for owner, rows in by_rank.items()}
-        chart_store.refresh_tiers(db, metric_store.insert_points(db, columns), times=False)
+        chart_store.refresh_tiers(db, metric_store.insert_points(db, columns, log=False), times=False)
 
 
 def assert_the_tier_times_migration_fills_every_bucket(url: str, tmp_path: Path) -> None:

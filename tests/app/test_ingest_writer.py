@@ -30,6 +30,7 @@ from app.services import metrics
 from app.services.metrics import Post
 from app.store import charts as chart_store
 from app.store import chunks
+from app.store import metrics as metric_store
 from app.store import summaries as summary_store
 from app.store.charts import TIERS
 from app.store.metrics import SeriesIds
@@ -156,6 +157,39 @@ def test_one_group_keeps_what_each_of_its_posts_said_of_the_run(client: TestClie
     assert [outcome.stored for outcome in outcomes] == [1, 1]  # type: ignore[union-attr]
     run = client.get(f"/api/runs/{run_id}").json()
     assert [node["host"] for node in run["gpus"]] == ["node-a", "node-b"] and run["step"] == 6
+
+
+def test_a_group_logs_one_row_per_run_and_each_live_page_reads_its_own_runs_points_from_any_cursor(
+    client: TestClient,
+) -> None:
+    # Two nodes of one run and a node of another in one group, as the ingest writer stores them: the live pages' log
+    # takes a row per run, and a page reads its run's points only, from a cursor inside a row too.
+    first, second = running_run(client, "first"), running_run(client, "second")
+    sessions = client.app.state.sessions  # type: ignore[attr-defined]
+
+    def node(run_id: int, ranks: range, value: float) -> Post:
+        columns = [{"key": key, "rank": rank, "steps": [7, 8], "values": [value + rank, value + rank + 0.5],
+                    "times": [1.7e9, 1.7e9 + 1]} for key in ("gpu/util", "step_time") for rank in ranks]  # fmt: skip
+        return Post(run_id, TOKEN, BatchIn.model_validate({"columns": columns}))
+
+    with sessions() as db:
+        outcomes = metrics.ingest_group(db, [node(first, range(0, 2), 10.0), node(second, range(0, 1), 50.0),
+                                             node(first, range(2, 4), 10.0)])  # fmt: skip
+        assert [outcome.stored for outcome in outcomes] == [8, 4, 8]  # type: ignore[union-attr]
+        assert db.execute(text("SELECT run_id, n FROM metric_recent ORDER BY id")).all() == [(first, 16), (second, 4)]
+        ours = metric_store.points_after(db, run_id=first, after_id=0, limit=1000)
+        assert [point.id for point in ours] == list(range(1, 17))
+        assert {(p.key, p.step, p.rank, p.value) for p in ours} == {
+            (key, step, rank, 10.0 + rank + (step - 7) * 0.5)
+            for key in ("gpu/util", "step_time") for step in (7, 8) for rank in range(4)
+        }  # fmt: skip
+        theirs = metric_store.points_after(db, run_id=second, after_id=0, limit=1000)
+        assert [(p.id, p.value) for p in theirs] == [(17, 50.0), (18, 50.5), (19, 50.0), (20, 50.5)]
+        assert metric_store.points_after(db, run_id=first, after_id=9, limit=1000) == ours[9:]
+        watched, others = metric_store.watched_points_after(
+            db, run_id=first, after_id=3, limit=1000, watch=frozenset({"step_time"})
+        )
+        assert watched == [point for point in ours[3:] if point.key == "step_time"] and others == {"gpu/util"}
 
 
 def test_a_new_run_that_gets_a_deleted_runs_id_gets_series_of_its_own(client: TestClient) -> None:

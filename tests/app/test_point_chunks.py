@@ -269,11 +269,32 @@ def test_samples_sent_are_stored_as_samples_and_read_back_bit_for_bit(client: Te
     )
 
 
-def stored_and_logged(db: Session, run_id: int) -> tuple[dict[str, Any], list[metric_store.StoredPoint]]:
-    """Every series' points, and the live pages' log of them, as the store reads them."""
+def stored_and_logged(
+    db: Session, run_id: int, *, by_series: bool = False
+) -> tuple[dict[str, Any], list[metric_store.StoredPoint]]:
+    """Every series' points, and the live pages' log of them, as the store reads them; `by_series`: the log as a
+    server before 0026 kept it."""
     points = {key: metric_store.points_in_range(db, run_id=run_id, key=key, start_step=0, start_rank=0,
                                                 end_step=None, limit=10**6) for key in SAMPLE_KINDS}  # fmt: skip
+    if by_series:
+        return points, logged_by_series(db, run_id)
     return points, metric_store.points_after(db, run_id=run_id, after_id=0, limit=10**6)
+
+
+def logged_by_series(db: Session, run_id: int) -> list[metric_store.StoredPoint]:
+    """The log of a store before 0026: a row per (series, rank), numbered by its last point."""
+    query = text(
+        "SELECT r.id, s.key, r.rank, r.n, r.data FROM metric_recent r JOIN metric_series s"
+        " ON s.id = r.series_id WHERE s.run_id = :run_id ORDER BY r.id"
+    )
+    rows = db.execute(query, {"run_id": run_id})
+    logged = []
+    for last_id, key, rank, n, data in rows:
+        column = chunks.decode(data, n)
+        points = zip(column.steps.tolist(), column.values.tolist(), column.times.tolist(), strict=True)
+        logged += [metric_store.StoredPoint(last_id - n + 1 + i, key, step, rank, value, time)
+                   for i, (step, value, time) in enumerate(points)]  # fmt: skip
+    return logged
 
 
 def assert_tails_are_packed_whole_going_back(settings: Settings) -> None:
@@ -291,14 +312,45 @@ def assert_tails_are_packed_whole_going_back(settings: Settings) -> None:
             before = stored_and_logged(db, run_id)
     assert bytes((chunks.TAILED,)) in kinds and before[1]
     engine = make_engine(url)
-    for revision in ("0023_run_costs", "head"):
+    for revision, log_kind in (("0023_run_costs", chunks.SHUFFLED), ("head", metric_store.LOGGED)):
         (downgrade if revision != "head" else upgrade)(alembic_config(url), revision)
         with Session(engine) as db:
-            kinds = set(db.scalars(text("SELECT substr(data, 1, 1) FROM metric_chunks UNION"
-                                        " SELECT substr(data, 1, 1) FROM metric_recent")))  # fmt: skip
+            kinds = set(db.scalars(text("SELECT substr(data, 1, 1) FROM metric_chunks")))
+            logged = set(db.scalars(text("SELECT substr(data, 1, 1) FROM metric_recent")))
             assert {kind[0] for kind in kinds} == {chunks.SAMPLES, chunks.SHUFFLED}
-            assert repr(stored_and_logged(db, run_id)) == repr(before)  # NaN as NaN
+            assert {kind[0] for kind in logged} == {log_kind}
+            assert repr(stored_and_logged(db, run_id, by_series=revision != "head")) == repr(before)  # NaN as NaN
     engine.dispose()
+
+
+def assert_the_live_log_keeps_every_point_and_its_number_both_ways(settings: Settings) -> None:
+    """The live pages' log of two runs, rows of several (series, rank) each, taken back to 0025 (a row per series
+    and rank) and forward again: every point of each run, with its number, where a page open across either move
+    reads on from its cursor."""
+    with TestClient(create_app(settings)) as client:
+        runs = [running_run(client, name) for name in ("first", "second")]
+        for step in range(1, 21):
+            for n, run_id in enumerate(runs):
+                columns = [{"key": key, "rank": rank, "steps": [step], "values": [step + rank + n / 2],
+                            "times": [1.7e9 + step]} for key in ("loss", "gpu/util") for rank in range(2)]  # fmt: skip
+                assert post(client, run_id, {"columns": columns}).status_code == 200
+        with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+            logged = {run_id: metric_store.points_after(db, run_id=run_id, after_id=0, limit=10**6) for run_id in runs}
+    assert [len(points) for points in logged.values()] == [80, 80]
+    url, engine = settings.sqlalchemy_url, make_engine(settings.sqlalchemy_url)
+    for revision in ("0025_login_failures", "head"):
+        (downgrade if revision != "head" else upgrade)(alembic_config(url), revision)
+        with Session(engine) as db:
+            if revision == "head":
+                assert {run_id: metric_store.points_after(db, run_id=run_id, after_id=0, limit=10**6)
+                        for run_id in runs} == logged  # fmt: skip
+            else:
+                assert {run_id: logged_by_series(db, run_id) for run_id in runs} == logged
+    engine.dispose()
+
+
+def test_the_live_log_keeps_every_point_and_its_number_going_back_a_revision_and_forward(settings: Settings) -> None:
+    assert_the_live_log_keeps_every_point_and_its_number_both_ways(settings)
 
 
 def test_chunks_with_appended_records_are_packed_whole_going_back_a_revision(settings: Settings) -> None:

@@ -217,3 +217,11 @@ def test_postgresql_chunks_with_appended_records_are_packed_whole_going_back_a_r
     settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared",
                         database_url=new_database(admin_dsn), supervise_interval_s=3600)  # fmt: skip
     test_point_chunks.assert_tails_are_packed_whole_going_back(settings)
+
+
+def test_postgresql_live_log_keeps_every_point_and_its_number_going_back_a_revision_and_forward(
+    admin_dsn: str, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared",
+                        database_url=new_database(admin_dsn), supervise_interval_s=3600)  # fmt: skip
+    test_point_chunks.assert_the_live_log_keeps_every_point_and_its_number_both_ways(settings)
