@@ -365,13 +365,10 @@ def merge_tiers(db: Session, written: Sequence[chunks.Written]) -> None:
     if not written:
         return
     connection = db.connection()
-    marker = chunks.marker(connection)
     highest = _Highest.of(connection, written)
     rows = _added_rows(written, highest.before[highest.of_chunk])
     columns, rebuild = _upsert_parts(times=True)
-    connection.exec_driver_sql(
-        f"INSERT INTO metric_tiers ({columns}) VALUES ({', '.join([marker] * len(rows[0]))}){_MERGE}", rows
-    )
+    chunks.insert_many(connection, f"INSERT INTO metric_tiers ({columns}) {{rows}}{_MERGE}", _TYPES, rows, key=4)
     for finer, tier in itertools.pairwise(TIERS):
         ratio = tier // finer
         in_finer = [(series_id, first * ratio, last * ratio + ratio - 1) for series_id, first, last
@@ -433,6 +430,8 @@ def _newer(column: str) -> str:
     )
 
 
+# A tier row's columns' SQL types, in `_upsert_parts` order.
+_TYPES = ("integer", "integer", "bigint", "integer", "float8", "float8", "bigint", "float8", "float8")
 # NULL (NaN) loses to any number; a comparison with NULL is NULL, which CASE takes as false.
 _MERGE = (
     " ON CONFLICT (series_id, tier, bucket, rank) DO UPDATE SET"

@@ -335,6 +335,30 @@ def marker(connection: Connection) -> str:
     return "?" if connection.dialect.paramstyle == "qmark" else "%s"
 
 
+def insert_many(
+    connection: Connection, statement: str, types: Sequence[str], rows: Sequence[Sequence[Any]], *, key: int
+) -> None:
+    """Runs `statement`, an INSERT whose `{rows}` stands for where its rows come from, for all of `rows` (columns of
+    the SQL `types`; the first `key` of them, its conflict key). On SQLite once per row: the driver's executemany,
+    prepared once, a step a row. On PostgreSQL once for all, each column an array (`arrays`): a statement per row
+    cost the server a bind and an execute each, more than the rows' own work, and the client as much again
+    (bench/big_job.py). Rows that share a key go one by one there too: one statement cannot update a row twice."""
+    if connection.dialect.name != "postgresql" or len({tuple(row[:key]) for row in rows}) < len(rows):
+        values = f"VALUES ({', '.join([marker(connection)] * len(types))})"
+        connection.exec_driver_sql(statement.format(rows=values), rows)
+        return
+    connection.exec_driver_sql(statement.format(rows=f"SELECT * FROM {arrays(types)}"), columns_of(rows))
+
+
+def arrays(types: Sequence[str]) -> str:
+    """PostgreSQL's rows from one array parameter per column (`columns_of`), of the SQL `types`."""
+    return f"unnest({', '.join(f'%s::{type_}[]' for type_ in types)})"
+
+
+def columns_of(rows: Sequence[Sequence[Any]]) -> tuple[list[Any], ...]:
+    return tuple(list(column) for column in zip(*rows, strict=True))
+
+
 def write(
     db: Session, columns: Mapping[tuple[int, int], Column], *, samples: bool = False, append: bool = False
 ) -> list[Written]:
@@ -371,14 +395,16 @@ def write(
         if row.data[0] == TAILED and key not in incoming:
             rows.append((*key, row.n, row.first_time, encode(*decode(row.data, row.n).columns(), samples=samples)))
     if rows:
-        connection = db.connection()
-        connection.exec_driver_sql(
-            "INSERT INTO metric_chunks (series_id, chunk, rank, n, first_time, data)"
-            f" VALUES ({', '.join([marker(connection)] * 6)}) ON CONFLICT (series_id, chunk, rank) DO UPDATE"
-            " SET n = excluded.n, first_time = excluded.first_time, data = excluded.data",
-            rows,
-        )
+        insert_many(db.connection(), _UPSERT, _UPSERT_TYPES, rows, key=3)
     return written
+
+
+_UPSERT = (
+    "INSERT INTO metric_chunks (series_id, chunk, rank, n, first_time, data) {rows}"
+    " ON CONFLICT (series_id, chunk, rank) DO UPDATE SET n = excluded.n, first_time = excluded.first_time,"
+    " data = excluded.data"
+)
+_UPSERT_TYPES = ("integer", "bigint", "integer", "integer", "float8", "bytea")
 
 
 def _by_chunk(columns: Mapping[tuple[int, int], Column]) -> dict[ChunkKey, Column]:

@@ -44,17 +44,16 @@ def refresh(db: Session, series_ids: Iterable[int]) -> None:
 
 # The last value: the lowest rank's at the highest step, read from the finest tier's row holding that step (merged
 # just before; a coarser one is merged only once closed); taken when the added points reach the summary's highest
-# step, else the summary's own stays.
-# Sent through the driver, with its parameter marker (`{m}`) in the order `merge` gives them: SQLAlchemy's own
-# handling of each row's named parameters cost more than the statement (bench/big_job.py).
+# step, else the summary's own stays. Each added row is (series_id, the highest step added, the finest bucket of that
+# step, min, max): on SQLite a statement per row, its values in place (through a subquery of them, SQLite took a
+# third longer); on PostgreSQL one for all, from arrays (app.store.chunks.insert_many). Both through the driver:
+# SQLAlchemy's own handling of each row's named parameters cost more than the statement (bench/big_job.py).
+_INSERT = "INSERT INTO metric_summaries (series_id, run_id, key, last_step, last_value, min_value, max_value)"
 _LAST_VALUE = (
-    f"(SELECT l.last_value FROM metric_tiers l WHERE l.series_id = {{m}} AND l.tier = {TIERS[0]}"
-    " AND l.bucket = {m} AND l.last_step = {m} ORDER BY l.rank LIMIT 1)"
+    f"(SELECT l.last_value FROM metric_tiers l WHERE l.series_id = {{series_id}} AND l.tier = {TIERS[0]}"
+    " AND l.bucket = {bucket} AND l.last_step = {top} ORDER BY l.rank LIMIT 1)"
 )
-_MERGE = (
-    "INSERT INTO metric_summaries (series_id, run_id, key, last_step, last_value, min_value, max_value)"
-    f" SELECT s.id, s.run_id, s.key, {{m}}, {_LAST_VALUE}, {{m}}, {{m}}"
-    " FROM metric_series s WHERE s.id = {m}"
+_ON_CONFLICT = (
     " ON CONFLICT (series_id) DO UPDATE SET"
     " min_value = CASE WHEN metric_summaries.min_value IS NULL OR excluded.min_value < metric_summaries.min_value"
     "  THEN excluded.min_value ELSE metric_summaries.min_value END,"
@@ -64,6 +63,16 @@ _MERGE = (
     "  ELSE metric_summaries.last_value END,"
     " last_step = CASE WHEN excluded.last_step > metric_summaries.last_step THEN excluded.last_step"
     "  ELSE metric_summaries.last_step END"
+)
+_MERGE_ONE = (
+    f"{_INSERT} SELECT s.id, s.run_id, s.key, ?, {_LAST_VALUE.format(series_id='?', bucket='?', top='?')}, ?, ?"
+    f" FROM metric_series s WHERE s.id = ?{_ON_CONFLICT}"
+)
+_MERGE_ALL = (
+    f"{_INSERT} SELECT s.id, s.run_id, s.key, a.top,"
+    f" {_LAST_VALUE.format(series_id='a.series_id', bucket='a.bucket', top='a.top')}, a.low, a.high"
+    f" FROM {chunks.arrays(('integer', 'bigint', 'bigint', 'float8', 'float8'))}"
+    f" AS a(series_id, top, bucket, low, high) JOIN metric_series s ON s.id = a.series_id{_ON_CONFLICT}"
 )
 
 
@@ -83,8 +92,11 @@ def merge(db: Session, written: Sequence[Written]) -> None:
     firsts = np.r_[0, np.cumsum(sizes)[:-1]][starts]  # each series' first point among `values`
     lows, highs = np.fmin.reduceat(values, firsts), np.fmax.reduceat(values, firsts)
     tops = np.maximum.reduceat(np.array([int(chunk.new.steps[-1]) for chunk in written]), starts).tolist()
-    tier = TIERS[0]
-    rows = [(top, series_id, top // tier, top, low, high, series_id) for series_id, top, low, high
-            in zip(series[starts].tolist(), tops, nulls(lows), nulls(highs), strict=True)]  # fmt: skip
+    added = zip(series[starts].tolist(), tops, nulls(lows), nulls(highs), strict=True)
     connection = db.connection()
-    connection.exec_driver_sql(_MERGE.format(m=chunks.marker(connection)), rows)
+    if connection.dialect.name == "postgresql":
+        rows = [(s, top, top // TIERS[0], low, high) for s, top, low, high in added]
+        connection.exec_driver_sql(_MERGE_ALL, chunks.columns_of(rows))
+    else:
+        each = [(top, s, top // TIERS[0], top, low, high, s) for s, top, low, high in added]
+        connection.exec_driver_sql(_MERGE_ONE, each)
