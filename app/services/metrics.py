@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import ValidationError
 from rankboard import wire
@@ -121,6 +121,14 @@ def _alone(db: Session, post: Post, counters: IngestCounters | None, series: Ser
         return error
 
 
+class _Taken(NamedTuple):
+    """A post admitted, its run, and its points as a column per (series id, rank)."""
+
+    post: Post
+    run: Run
+    columns: dict[tuple[int, int], chunks.Column]
+
+
 class _Group:
     """One transaction's posts: each run read once (its status too: a run that ended since the last group takes no
     more), each (run, token) checked once, and the chunks written kept for the refresh at the end."""
@@ -136,11 +144,61 @@ class _Group:
         metric_store.hold_writes(self.db)  # before any read, which would begin a read transaction on SQLite
         self._lock_series(posts)
         with self.db.no_autoflush:  # each post's progress moves its run: the run's row is written once, at the commit
-            outcomes = [self._one(post) for post in posts]
+            outcomes = self._all(posts)
         written = {run_id: chunks.combined(run_written) for run_id, run_written in self.written.items()}
         _refresh(self.db, [chunk for run_written in written.values() for chunk in run_written])
         metric_store.log_recent(self.db, written)  # last: on PostgreSQL its lock is then held only to the commit
         return outcomes
+
+    def _all(self, posts: Sequence[Post]) -> list[Outcome]:
+        """Each post admitted and its columns made; then all their points written at once (`_write`); then what
+        each says of its run, in order. (What one says cannot refuse the next: a run that ended on a process's word
+        still takes batches a while, app.launcher.external.)"""
+        taken: list[_Taken | RankboardError] = []
+        for post in posts:
+            try:
+                run = self._admitted(post)
+            except RankboardError as error:  # refused before it wrote anything
+                taken.append(error)
+                continue
+            if kind(run.launcher).joins:  # its processes say themselves that they live, and how they ended
+                external.took_batch(self.db, run)
+            taken.append(_Taken(post, run, _columns(post.batch, self._ids(run, post.batch, self.new_series))))
+        stored = iter(self._write([one for one in taken if isinstance(one, _Taken)]))
+        return [self._said(one, next(stored)) if isinstance(one, _Taken) else one for one in taken]
+
+    def _write(self, taken: Sequence[_Taken]) -> list[int]:
+        """The posts' points, written a round at a time, each round as many posts as share no (series, rank) (as a
+        retry would with the batch it repeats), in order; each post's new points. One write for a group's posts,
+        not one each: a write's statements and numpy calls cost about what its ~90 (series, rank) did."""
+        stored, left = [0] * len(taken), list(range(len(taken)))
+        while left:
+            claimed: dict[tuple[int, int], int] = {}  # (series, rank): the post whose column it is in this round
+            later = []
+            for i in left:
+                if claimed.keys() & taken[i].columns.keys():
+                    later.append(i)
+                else:
+                    claimed |= dict.fromkeys(taken[i].columns, i)
+            columns = {key: taken[i].columns[key] for key, i in claimed.items()}
+            written = metric_store.insert_points(self.db, columns, log=False, locked=True, append=True)  # _lock_series
+            for chunk in written:
+                i = claimed[chunk.series_id, chunk.rank]
+                stored[i] += len(chunk.new.steps)
+                self.written.setdefault(taken[i].run.id, []).append(chunk)
+            left = later
+        return stored
+
+    def _said(self, taken: _Taken, stored: int) -> IngestResult:
+        """What the post says of its run (its nodes, progress and endings) taken, and its answer."""
+        run, batch, joins = taken.run, taken.post.batch, kind(taken.run.launcher).joins
+        nodes.record(self.db, run=run, node=batch.node, heartbeats=batch.all_heartbeats)
+        _apply_progress(self.db, run, batch)
+        for ending in batch.all_endings if joins else ():
+            external.ended(self.db, run, ending)
+        stop = joins and run.stop_requested_at is not None
+        dump = dump_requests.pending(run, now=utcnow())
+        return IngestResult(accepted=batch.size, stored=stored, stop=stop, dump=dump)
 
     def _lock_series(self, posts: Sequence[Post]) -> None:
         """On PostgreSQL, every series the posts write, locked at once in id order before any is written: two groups
@@ -155,31 +213,6 @@ class _Group:
                 continue  # refused again, with its answer, when its turn comes
             series |= set(self._ids(run, post.batch, self.new_series).values())
         metric_store.lock_series(self.db, series)
-
-    def _one(self, post: Post) -> Outcome:
-        try:
-            result, written = self._store(post)
-        except RankboardError as error:  # refused before it wrote anything (`_admitted`)
-            return error
-        self.written.setdefault(post.run_id, []).extend(written)
-        return result
-
-    def _store(self, post: Post) -> tuple[IngestResult, list[chunks.Written]]:
-        run, batch = self._admitted(post), post.batch
-        joins = kind(run.launcher).joins  # its processes say themselves that they live, and how they ended
-        if joins:
-            external.took_batch(self.db, run)
-        ids = self._ids(run, batch, self.new_series)
-        columns = _columns(batch, ids)
-        written = metric_store.insert_points(self.db, columns, log=False, locked=True, append=True)  # _lock_series
-        nodes.record(self.db, run=run, node=batch.node, heartbeats=batch.all_heartbeats)
-        _apply_progress(self.db, run, batch)
-        for ending in batch.all_endings if joins else ():
-            external.ended(self.db, run, ending)
-        stop = joins and run.stop_requested_at is not None
-        stored = sum(len(chunk.new.steps) for chunk in written)
-        dump = dump_requests.pending(run, now=utcnow())
-        return IngestResult(accepted=batch.size, stored=stored, stop=stop, dump=dump), written
 
     def _admitted(self, post: Post) -> Run:
         """The post's run, once its token fits and it takes batches; raises why not."""

@@ -143,6 +143,34 @@ def test_a_post_that_fails_in_the_database_costs_its_group_a_retry_post_by_post_
     assert series(client, first) == [(1, 0, 1.0), (2, 0, 1.0)] and series(client, second) == [(1, 0, 1.0)]
 
 
+def test_posts_of_one_group_that_repeat_each_others_points_keep_the_first_value_and_count_only_new_points(
+    client: TestClient,
+) -> None:
+    # A group writes its posts' points at once, but a retry in the same group, or a batch overlapping another, is
+    # written after the post it repeats: the first value sent stays, and each post counts only the points it added.
+    run_id = running_run(client, "retries")
+
+    def loss(steps: range, value: float, token: str = TOKEN) -> Post:
+        points = [{"key": "loss", "step": step, "value": value, "time": 1.0} for step in steps]
+        return Post(run_id, token, BatchIn.model_validate({"points": points}))
+
+    other = Post(
+        run_id, TOKEN, BatchIn.model_validate({"points": [{"key": "lr", "step": 1, "value": 0.1, "time": 1.0}]})
+    )
+    posts = [
+        loss(range(1, 4), 1.0),
+        loss(range(2, 5), 2.0),
+        loss(range(1, 9), 3.0, "wrong"),
+        other,
+        loss(range(1, 4), 1.0),
+    ]
+    with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+        outcomes = metrics.ingest_group(db, posts)
+    assert [getattr(outcome, "stored", type(outcome).__name__) for outcome in outcomes] == [3, 1, "InvalidToken", 1, 0]
+    assert series(client, run_id) == [(1, 0, 1.0), (2, 0, 1.0), (3, 0, 1.0), (4, 0, 2.0)]
+    assert series(client, run_id, "lr") == [(1, 0, 0.1)]
+
+
 def test_one_group_keeps_what_each_of_its_posts_said_of_the_run(client: TestClient) -> None:
     # The group writes its run's row once, at the commit: a node's inventory or a step must not be lost to the next
     # post's reread of the row.
