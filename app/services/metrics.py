@@ -142,7 +142,8 @@ class _Group:
 
     def take(self, posts: Sequence[Post]) -> list[Outcome]:
         metric_store.hold_writes(self.db)  # before any read, which would begin a read transaction on SQLite
-        self._lock_series(posts)
+        # Before any read too, on PostgreSQL: the runs are then read as the last writer of each left them.
+        metric_store.lock_runs(self.db, {post.run_id for post in posts})
         with self.db.no_autoflush:  # each post's progress moves its run: the run's row is written once, at the commit
             outcomes = self._all(posts)
         written = {run_id: chunks.combined(run_written) for run_id, run_written in self.written.items()}
@@ -181,7 +182,7 @@ class _Group:
                 else:
                     claimed |= dict.fromkeys(taken[i].columns, i)
             columns = {key: taken[i].columns[key] for key, i in claimed.items()}
-            written = metric_store.insert_points(self.db, columns, log=False, locked=True, append=True)  # _lock_series
+            written = metric_store.insert_points(self.db, columns, log=False, locked=True, append=True)  # lock_runs
             for chunk in written:
                 i = claimed[chunk.series_id, chunk.rank]
                 stored[i] += len(chunk.new.steps)
@@ -199,20 +200,6 @@ class _Group:
         stop = joins and run.stop_requested_at is not None
         dump = dump_requests.pending(run, now=utcnow())
         return IngestResult(accepted=batch.size, stored=stored, stop=stop, dump=dump)
-
-    def _lock_series(self, posts: Sequence[Post]) -> None:
-        """On PostgreSQL, every series the posts write, locked at once in id order before any is written: two groups
-        that lock them post by post would each hold one that the other waits for (SQLite: one writer, no locks)."""
-        if self.db.get_bind().dialect.name != "postgresql":
-            return
-        series: set[int] = set()
-        for post in posts:
-            try:
-                run = self._admitted(post)
-            except RankboardError:
-                continue  # refused again, with its answer, when its turn comes
-            series |= set(self._ids(run, post.batch, self.new_series).values())
-        metric_store.lock_series(self.db, series)
 
     def _admitted(self, post: Post) -> Run:
         """The post's run, once its token fits and it takes batches; raises why not."""
