@@ -3,8 +3,8 @@
 Eight threads each storing its own batch queued on SQLite's one write lock, whose busy handler sleeps in steps of up
 to 100 ms: a lock convoy, which held the p99 of a post near a second with a core still free (bench/big_job.py). One
 writer never waits for another, and one commit carries many batches; each batch still has its own answer
-(app.services.metrics.ingest_group). PostgreSQL locks rows, not the database: a few writers there, each grouping in
-the same way. The batches are parsed before they come here, on the ingest threads.
+(app.services.metrics.ingest_group). PostgreSQL locks rows, not the database: a few writers there, each with its own
+runs' posts, grouping in the same way. The batches are parsed before they come here, on the ingest threads.
 
 A group's own cost (its transaction, its lookups, its commit) was about a fifth of a one-post group's: when several
 senders post at once (a job's nodes, each on its connection), a group waits up to LINGER_S for the posts of those
@@ -61,15 +61,42 @@ class _Senders:
             return {sender for _, sender in self._recent}
 
 
+class _Lane:
+    """One writer thread's posts: a queue, and the senders lately seen on it."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.senders = _Senders()
+
+    def gathered(self, first: _Job) -> list[_Job]:
+        """`first` and the posts queued since; and until every sender that posted lately has one in the group, those
+        that come within LINGER_S of `first`."""
+        group, deadline = [first], first.arrived + LINGER_S
+        waiting = self.senders.recent(first.arrived) - {first.sender}
+        while len(group) < GROUP:
+            wait = deadline - time.monotonic() if waiting else 0.0
+            try:
+                job = self.queue.get(timeout=wait) if wait > 0 else self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:  # closing: the group is stored, then its thread ends
+                self.queue.put(None)
+                break
+            group.append(job)
+            waiting.discard(job.sender)
+        return group
+
+
 class IngestWriter:
     """Writer threads at a niceness of their own (RANKBOARD_INGEST_NICE, as app.workers.ingest_threads), sharing one
-    queue of posts and one cache of series ids."""
+    cache of series ids. Each has a lane of its own, and a run's posts all take one lane: on PostgreSQL a writer
+    holds a run until its commit (app.store.metrics.lock_runs), and four writers sharing the posts of one big job
+    each waited on the others' holds, with groups a quarter the size (bench/big_job.py)."""
 
     def __init__(self, sessions: sessionmaker[Session], *, nice: int, counters: IngestCounters | None = None) -> None:
         self.nice, self._sessions, self._counters = nice, sessions, counters
         self.series = SeriesIds()
-        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._senders = _Senders()
+        self._lanes: list[_Lane] = []
         self._threads: list[threading.Thread] = []
         self._starting = threading.Lock()
 
@@ -79,9 +106,10 @@ class IngestWriter:
             if self._threads:
                 return
             dialect = self._sessions.kw["bind"].dialect.name
+            self._lanes = [_Lane() for _ in range(WRITERS.get(dialect, 1))]
             self._threads = [
-                threading.Thread(target=self._run, name=f"rankboard-ingest-writer-{n}", daemon=True)
-                for n in range(WRITERS.get(dialect, 1))
+                threading.Thread(target=self._run, args=(lane,), name=f"rankboard-ingest-writer-{n}", daemon=True)
+                for n, lane in enumerate(self._lanes)
             ]
             for thread in self._threads:
                 thread.start()
@@ -93,43 +121,25 @@ class IngestWriter:
         if not self._threads:
             self._start()
         done: Future[IngestResult] = Future()
-        now = time.monotonic()
+        now, lane = time.monotonic(), self._lanes[post.run_id % len(self._lanes)]
         if sender is not None:
-            self._senders.saw(sender, now)
-        self._queue.put(_Job(post, done, sender, now))
+            lane.senders.saw(sender, now)
+        lane.queue.put(_Job(post, done, sender, now))
         return done
 
     def close(self) -> None:
         """Stores what is queued, then ends the threads."""
         with self._starting:
             self._threads, threads = [], self._threads
-        for _ in threads:
-            self._queue.put(None)
+        for lane in self._lanes:
+            lane.queue.put(None)
         for thread in threads:
             thread.join()
 
-    def _run(self) -> None:
+    def _run(self, lane: _Lane) -> None:
         lower_this_thread(self.nice)
-        while (first := self._queue.get()) is not None:
-            self._store(self._gathered(first))
-
-    def _gathered(self, first: _Job) -> list[_Job]:
-        """`first` and the posts queued since; and until every sender that posted lately has one in the group, those
-        that come within LINGER_S of `first`."""
-        group, deadline = [first], first.arrived + LINGER_S
-        waiting = self._senders.recent(first.arrived) - {first.sender}
-        while len(group) < GROUP:
-            wait = deadline - time.monotonic() if waiting else 0.0
-            try:
-                job = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if job is None:  # closing: the other threads take their own
-                self._queue.put(None)
-                break
-            group.append(job)
-            waiting.discard(job.sender)
-        return group
+        while (first := lane.queue.get()) is not None:
+            self._store(lane.gathered(first))
 
     def _store(self, group: list[_Job]) -> None:
         try:

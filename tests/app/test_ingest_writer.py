@@ -294,10 +294,10 @@ def stored_points(db: Session, run_id: int) -> dict[tuple[str, int, int], tuple[
     return stored
 
 
-def gathered(writer: ingest_writer.IngestWriter, first: ingest_writer._Job) -> list[ingest_writer._Job]:
+def gathered(lane: ingest_writer._Lane, first: ingest_writer._Job) -> list[ingest_writer._Job]:
     """The writer's group that starts with `first`: fails rather than hang, should it wait its whole LINGER_S."""
     group: list[ingest_writer._Job] = []
-    thread = threading.Thread(target=lambda: group.extend(writer._gathered(first)), daemon=True)
+    thread = threading.Thread(target=lambda: group.extend(lane.gathered(first)), daemon=True)
     thread.start()
     thread.join(timeout=20)
     assert not thread.is_alive(), "the group waited for a post that was not coming"
@@ -308,20 +308,20 @@ def test_a_group_waits_for_other_senders_posting_at_once_and_never_for_a_lone_or
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(ingest_writer, "LINGER_S", 600.0)  # a wait to its end would hang: `gathered` says so
-    writer = ingest_writer.IngestWriter(None, nice=0)  # type: ignore[arg-type]  # nothing submitted: no thread
+    lane = ingest_writer._Lane()
     batch = BatchIn.model_validate({"points": []})
 
     def job(sender: str) -> ingest_writer._Job:
-        writer._senders.saw(sender, monotonic())
+        lane.senders.saw(sender, monotonic())
         return ingest_writer._Job(Post(1, TOKEN, batch), Future(), sender, monotonic())
 
     # A sender whose last post was half a second ago: its next, if any, is not due within the wait.
-    writer._senders.saw("node-z", monotonic() - 0.5)
+    lane.senders.saw("node-z", monotonic() - 0.5)
     alone = job("node-a")
-    assert gathered(writer, alone) == [alone]  # one sender posting: its post is stored at once
+    assert gathered(lane, alone) == [alone]  # one sender posting: its post is stored at once
     first, second = job("node-a"), job("node-b")  # two senders posting at once: the group waits for the second
-    threading.Timer(0.2, writer._queue.put, [second]).start()
-    assert gathered(writer, first) == [first, second]
+    threading.Timer(0.2, lane.queue.put, [second]).start()
+    assert gathered(lane, first) == [first, second]
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
