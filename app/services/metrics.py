@@ -423,12 +423,20 @@ class LivePoints:
 
 
 def new_points(
-    db: Session, *, run_id: int, after_id: int, limit: int = 5000, watch: frozenset[str] | None = None
+    db: Session,
+    *,
+    run_id: int,
+    after_id: int,
+    limit: int = 5000,
+    watch: frozenset[str] | None = None,
+    keys: MutableMapping[int, str] | None = None,
 ) -> LivePoints:
     """Points stored since the cursor `after_id` (of the `watch` keys only, if given). With none, the cursor moves on
     to the log's newest point of any run, so that a page whose run logs nothing while others log millions does not
-    fall behind the log."""
+    fall behind the log. `keys`: the run's series keys by id, kept by the caller between calls (a page's stream)."""
     head = metric_store.last_point_id(db)  # first: every point numbered up to it is committed (see there)
-    points, others = metric_store.watched_points_after(db, run_id=run_id, after_id=after_id, limit=limit, watch=watch)
+    points, others = metric_store.watched_points_after(
+        db, run_id=run_id, after_id=after_id, limit=limit, watch=watch, keys=keys
+    )
     missed = after_id + 1 < metric_store.first_kept_id(db)  # after the points: a drop meanwhile is seen
     return LivePoints(points, points[-1].id if points else max(after_id, head), missed, frozenset(others))

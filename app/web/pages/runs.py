@@ -232,6 +232,7 @@ def run_stream(
         runs.get_run(session, run_id=run_id)  # a 404 now, rather than a stream that ends at once
 
     keys = None if watch is None else frozenset(watch)
+    series_keys: dict[int, str] = {}  # the run's, by id: read once for the stream, not each poll
 
     def snapshot(after_id: int) -> Snapshot:
         # Whether it is over first: a run seen final has stored its last point, so the points read after it are all.
@@ -246,7 +247,7 @@ def run_stream(
         if parts == "fragments":
             return Snapshot(LivePoints([], after_id, missed=False), fragments, final)
         with request.app.state.sessions() as session:
-            live = metrics.new_points(session, run_id=run_id, after_id=after_id, watch=keys)
+            live = metrics.new_points(session, run_id=run_id, after_id=after_id, watch=keys, keys=series_keys)
         return Snapshot(live, fragments, final)
 
     after_id = after if last_event_id is None else last_event_id
