@@ -96,19 +96,20 @@ merging 5 s of posts (groups of 640) per (series, rank) before the chunks: 3.0 -
 the journal's own row per post.
 
 Then (2026-11-27, issue 39's sixth step: the live log a row per run per group, not per (series, rank); a group's
-points in one chunks write; on PostgreSQL the chunks, tiers and summaries written from arrays, one statement each,
-a group holding its runs' rows rather than each series', and a run's posts all taking one writer's lane), 30 s
-runs, before = 4eeecb8 from a worktree, alternated, load 0.6-1. SQLite 128x8 with the page: server CPU 0.50, 0.47,
-0.53 -> 0.43, 0.44, 0.42 of a core; the writer thread 0.41 -> 0.32-0.33; ingest p99 51-240 -> 81-101 ms;
-point-to-page p99 1.08-1.16 -> 1.08-1.09 s; all stored. In-process, the writer's profile at groups of 3: the live
-log 0.46 -> 0.13 ms a post, the chunks' write 1.03 -> 0.94. PostgreSQL 128x8, 2 workers (each change against the one
-before it): p50 1.18-1.25 s before; PostgreSQL's own CPU 0.68 -> 0.57-0.60 of a core from the arrays, -> 0.53-0.55
-from one chunks write a group; the runs' rows held instead of the series' changed nothing measurable; the lanes took
-p50 0.48-0.88 -> 0.12-0.14 s and p99 after 5 s 1.1-1.5 -> 0.67-0.77 s, point-to-page p99 1.96-2.16 s, the server at
-0.66-0.67 and PostgreSQL at 0.49 of a core. Four writers a process had shared one job's posts, each waiting on the
-others' hold of the run (a quarter of a writer's wall time in the wait, py-spy --idle). The largest job within p99
-250 ms and 0.5 of a core on PostgreSQL with 2 workers is now 64x8 (p99 194 ms, 51 ms after 5 s; server 0.43,
-PostgreSQL 0.29 of a core); 96x8 holds p99 119 ms after the first 5 s but takes 0.56 of a core.
+points in one chunks write; on PostgreSQL the chunks, tiers and summaries written from arrays, one statement each, a
+group holding its runs' rows rather than each series', and a run's posts all taking one writer's lane), 30 s runs,
+before = 4eeecb8 from a worktree, alternated, load 0.6-1. SQLite 128x8 with the page, six runs a side: server CPU
+0.47-0.53 (median 0.49) -> 0.42-0.51 (median 0.43) of a core; the writer thread 0.36-0.41 -> 0.32-0.40; ingest p99
+51-240 -> 52-101 ms; point-to-page p99 1.08-1.16 -> 1.04-1.09 s; all stored. The page's stream 0.045 -> 0.007 of a
+core (it had read the run's 8,000 series keys at each poll). In-process, the writer's profile at groups of 3: the
+live log 0.46 -> 0.13 ms a post, the chunks' write 1.03 -> 0.94. PostgreSQL 128x8, 2 workers (each change against
+the one before it): p50 1.18-1.25 s before; PostgreSQL's own CPU 0.68 -> 0.57-0.60 of a core from the arrays, ->
+0.53-0.55 from one chunks write a group; the runs' rows held instead of the series' changed nothing measurable; the
+lanes took p50 0.48-0.88 -> 0.12-0.14 s and p99 after 5 s 1.1-1.5 -> 0.67-0.77 s, point-to-page p99 1.96-2.16 s, the
+server at 0.66-0.67 and PostgreSQL at 0.49 of a core. Four writers a process had shared one job's posts, each
+waiting on the others' hold of the run (a quarter of a writer's wall time in the wait, py-spy --idle). The largest
+job within p99 250 ms and 0.5 of a core on PostgreSQL with 2 workers is now 64x8 (p99 194 ms, 51 ms after 5 s;
+server 0.43, PostgreSQL 0.29 of a core); 96x8 holds p99 119 ms after the first 5 s but takes 0.56 of a core.
 """
 
 from __future__ import annotations
