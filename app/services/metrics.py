@@ -170,8 +170,8 @@ class _Group:
 
     def _write(self, taken: Sequence[_Taken]) -> list[int]:
         """The posts' points, written a round at a time, each round as many posts as share no (series, rank) (as a
-        retry would with the batch it repeats), in order; each post's new points. One write for a group's posts,
-        not one each: a write's statements and numpy calls cost about what its ~90 (series, rank) did."""
+        retry would with the batch it repeats), in order; each post's new points. One write for a group's posts, not
+        one each: its reads, its statement and its numpy calls are paid once (on PostgreSQL, round trips)."""
         stored, left = [0] * len(taken), list(range(len(taken)))
         while left:
             claimed: dict[tuple[int, int], int] = {}  # (series, rank): the post whose column it is in this round

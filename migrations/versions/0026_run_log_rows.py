@@ -3,8 +3,8 @@
 Revision ID: 0026_run_log_rows
 Revises: 0025_login_failures
 
-A GPU node's post adds a point or two to each of ~90 (series, rank), and logging each as a row of its own cost the
-ingest writer more than writing their chunks. A row now holds a run's points of one transaction, each (series, rank)
+A GPU node's post adds a point or two to each of ~90 (series, rank), and logging each as a row of its own was a sixth
+of the ingest writer's time. A row now holds a run's points of one transaction, each (series, rank)
 named in its blob's head (app.store.metrics.log_recent), and is found by its run, not its series. The rows are moved,
 both ways, keeping every point's number: a page open across the upgrade goes on from its cursor. Each old row
 becomes a row of one column; going back, each column becomes an old row, numbered by its last point.
