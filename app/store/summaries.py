@@ -46,7 +46,7 @@ def refresh(db: Session, series_ids: Iterable[int]) -> None:
 # just before; a coarser one is merged only once closed); taken when the added points reach the summary's highest
 # step, else the summary's own stays. Each added row is (series_id, the highest step added, the finest bucket of that
 # step, min, max): on SQLite a statement per row, its values in place (through a subquery of them, SQLite took a
-# third longer); on PostgreSQL one for all, from arrays (app.store.chunks.insert_many). Both through the driver:
+# quarter longer); on PostgreSQL one for all, from arrays (app.store.chunks.insert_many). Both through the driver:
 # SQLAlchemy's own handling of each row's named parameters cost more than the statement (bench/big_job.py).
 _INSERT = "INSERT INTO metric_summaries (series_id, run_id, key, last_step, last_value, min_value, max_value)"
 _LAST_VALUE = (
