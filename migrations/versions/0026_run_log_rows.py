@@ -32,7 +32,7 @@ PAGE = 2000
 
 def upgrade() -> None:
     _moved(
-        _create_by_run,
+        lambda: _create("run_id", "runs.id"),
         "SELECT r.id, s.run_id, r.series_id, r.rank, r.n, r.data FROM metric_recent_old r"
         " JOIN metric_series s ON s.id = r.series_id WHERE r.id > :after ORDER BY r.id",
         _by_run,
@@ -41,7 +41,9 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     _moved(
-        _create_by_series, "SELECT id, run_id, n, data FROM metric_recent_old WHERE id > :after ORDER BY id", _by_series
+        lambda: _create("series_id", "metric_series.id", sa.Column("rank", sa.Integer(), nullable=False)),
+        "SELECT id, run_id, n, data FROM metric_recent_old WHERE id > :after ORDER BY id",
+        _by_series,
     )
 
 
@@ -63,32 +65,19 @@ def _moved(create: Callable[[], sa.Table], query: str, rows_of: Callable[[sa.Row
     op.drop_table("metric_recent_old")
 
 
-def _create_by_run() -> sa.Table:
+def _create(owner: str, refers: str, *more: sa.Column[Any]) -> sa.Table:
+    """The log's table, its rows found by `owner` (referring to `refers`), with the `more` columns after it."""
     table = op.create_table(
         "metric_recent",
         sa.Column("id", ID_TYPE, autoincrement=False, nullable=False),
-        sa.Column("run_id", sa.Integer(), nullable=False),
+        sa.Column(owner, sa.Integer(), nullable=False),
+        *more,
         sa.Column("n", sa.Integer(), nullable=False),
         sa.Column("data", sa.LargeBinary(), nullable=False),
-        sa.ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE"),
+        sa.ForeignKeyConstraint([owner], [refers], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )
-    op.create_index("ix_metric_recent_run_id_id", "metric_recent", ["run_id", "id"])
-    return table
-
-
-def _create_by_series() -> sa.Table:
-    table = op.create_table(
-        "metric_recent",
-        sa.Column("id", ID_TYPE, autoincrement=False, nullable=False),
-        sa.Column("series_id", sa.Integer(), nullable=False),
-        sa.Column("rank", sa.Integer(), nullable=False),
-        sa.Column("n", sa.Integer(), nullable=False),
-        sa.Column("data", sa.LargeBinary(), nullable=False),
-        sa.ForeignKeyConstraint(["series_id"], ["metric_series.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("id"),
-    )
-    op.create_index("ix_metric_recent_series_id_id", "metric_recent", ["series_id", "id"])
+    op.create_index(f"ix_metric_recent_{owner}_id", "metric_recent", [owner, "id"])
     return table
 
 
