@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -44,10 +45,15 @@ def admin_dsn() -> Iterator[str]:
         yield dsn
 
 
+def pg_settings(admin_dsn: str, tmp_path: Path, **more: Any) -> Settings:
+    """A server's settings on a new database of the test server; the supervisor ticks once at start."""
+    return Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared", database_url=new_database(admin_dsn),
+                    supervise_interval_s=3600, **more)  # fmt: skip
+
+
 @pytest.fixture
 def pg_client(admin_dsn: str, tmp_path: Path) -> Iterator[TestClient]:
-    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared",
-                        database_url=new_database(admin_dsn), supervise_interval_s=3600, slots=2)  # fmt: skip
+    settings = pg_settings(admin_dsn, tmp_path, slots=2)
     with TestClient(create_app(settings)) as client:
         yield client
 
@@ -113,8 +119,7 @@ def test_ids_and_steps_past_their_columns_are_refused_not_500(pg_client: TestCli
 
 
 def test_metrics_for_prometheus_read_the_newest_gpu_sample_on_postgresql(admin_dsn: str, tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared", prometheus=True,
-                        database_url=new_database(admin_dsn), supervise_interval_s=3600, slots=2)  # fmt: skip
+    settings = pg_settings(admin_dsn, tmp_path, prometheus=True, slots=2)
     with TestClient(create_app(settings)) as client:
         run_id = running_run(client)
         key = wire.GPU_KEY.format(host="node-a", index=3, field="util")
@@ -214,14 +219,10 @@ def test_fair_share_sums_each_owners_slot_hours_on_postgresql(pg_client: TestCli
 def test_postgresql_chunks_with_appended_records_are_packed_whole_going_back_a_revision(
     admin_dsn: str, tmp_path: Path
 ) -> None:
-    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared",
-                        database_url=new_database(admin_dsn), supervise_interval_s=3600)  # fmt: skip
-    test_point_chunks.assert_tails_are_packed_whole_going_back(settings)
+    test_point_chunks.assert_tails_are_packed_whole_going_back(pg_settings(admin_dsn, tmp_path))
 
 
 def test_postgresql_live_log_keeps_every_point_and_its_number_going_back_a_revision_and_forward(
     admin_dsn: str, tmp_path: Path
 ) -> None:
-    settings = Settings(data_dir=tmp_path / "data", shared_dir=tmp_path / "shared",
-                        database_url=new_database(admin_dsn), supervise_interval_s=3600)  # fmt: skip
-    test_point_chunks.assert_the_live_log_keeps_every_point_and_its_number_both_ways(settings)
+    test_point_chunks.assert_the_live_log_keeps_every_point_and_its_number_both_ways(pg_settings(admin_dsn, tmp_path))
