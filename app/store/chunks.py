@@ -347,16 +347,30 @@ def insert_many(
         values = f"VALUES ({', '.join([marker(connection)] * len(types))})"
         connection.exec_driver_sql(statement.format(rows=values), rows)
         return
-    connection.exec_driver_sql(statement.format(rows=f"SELECT * FROM {arrays(types)}"), columns_of(rows))
+    connection.exec_driver_sql(statement.format(rows=f"SELECT * FROM {arrays(types)}"), columns_of(rows, types))
 
 
 def arrays(types: Sequence[str]) -> str:
-    """PostgreSQL's rows from one array parameter per column (`columns_of`), of the SQL `types`."""
-    return f"unnest({', '.join(f'%s::{type_}[]' for type_ in types)})"
+    """PostgreSQL's rows from one array parameter per column (`columns_of`), of the SQL `types`. In the binary
+    format: as text, the driver wrote each number through a regular expression (a fifth of a big job's group on
+    PostgreSQL) and escaped each blob through another (80 us a chunk, 700 times the binary's cost; bench/big_job.py)."""
+    return f"unnest({', '.join(f'%b::{type_}[]' for type_ in types)})"
 
 
-def columns_of(rows: Sequence[Sequence[Any]]) -> tuple[list[Any], ...]:
-    return tuple(list(column) for column in zip(*rows, strict=True))
+def columns_of(rows: Sequence[Sequence[Any]], types: Sequence[str]) -> tuple[list[Any], ...]:
+    """`rows` as one list per column, for `arrays(types)`: each of one Python type, as the binary format needs (a
+    float8 column may hold ints, and numpy's numbers)."""
+    columns = zip(*rows, strict=True) if rows else ([] for _ in types)
+    return tuple(_typed(column, _PYTHON[type_]) for column, type_ in zip(columns, types, strict=True))
+
+
+_PYTHON: dict[str, type | None] = {"integer": int, "bigint": int, "float8": float, "bytea": None}
+
+
+def _typed(column: Sequence[Any], python: type | None) -> list[Any]:
+    if python is None or all(type(value) is python for value in column):
+        return list(column)
+    return [value if value is None else python(value) for value in column]
 
 
 def write(
@@ -517,21 +531,30 @@ _CHUNK_BEFORE = (
 def _read_rows(db: Session, keys: Iterable[ChunkKey], found_by: str) -> dict[ChunkKey, _Row]:
     """The stored chunk each wanted key finds (`found_by`), as stored (not unpacked), by the found chunk's key."""
     connection = db.connection()
-    mark = marker(connection)
     wanted = sorted(keys)
     found: dict[ChunkKey, _Row] = {}
     for start in range(0, len(wanted), KEYS_PER_STATEMENT):
         part = wanted[start : start + KEYS_PER_STATEMENT]
-        values = ",".join([f"({mark}, {mark}, {mark})"] * len(part))
+        table, params = _wanted(connection, part)
         rows = connection.exec_driver_sql(
-            f"WITH wanted (series_id, chunk, rank) AS (VALUES {values})"
+            f"WITH wanted (series_id, chunk, rank) AS ({table})"
             " SELECT w.series_id, c.chunk, c.rank, c.n, c.first_time, c.data FROM wanted w JOIN metric_chunks c"
             f" ON c.series_id = w.series_id AND c.rank = w.rank AND {found_by}",
-            tuple(itertools.chain.from_iterable(part)),
+            params,
         ).all()
         found |= {(series, chunk, rank): _Row(n, first_time, bytes(data)) for series, chunk, rank, n, first_time, data
                   in rows}  # fmt: skip
     return found
+
+
+def _wanted(connection: Connection, keys: Sequence[ChunkKey]) -> tuple[str, Sequence[Any]]:
+    """Where the chunk keys' rows come from, and its parameters: on PostgreSQL three arrays, so that the statement's
+    text is the same for any number of keys (the driver parsed a VALUES list of 17,000 markers anew each time: a
+    quarter of a big job's group on PostgreSQL, bench/big_job.py); on SQLite a VALUES list."""
+    if connection.dialect.name == "postgresql":
+        return f"SELECT * FROM {arrays(_UPSERT_TYPES[:3])}", columns_of(keys, _UPSERT_TYPES[:3])
+    mark = marker(connection)
+    return "VALUES " + ",".join([f"({mark}, {mark}, {mark})"] * len(keys)), tuple(itertools.chain.from_iterable(keys))
 
 
 def read(db: Session, *, series_id: int, first: int, last: int, rank: int | None = None) -> Points:

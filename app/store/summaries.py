@@ -68,10 +68,11 @@ _MERGE_ONE = (
     f"{_INSERT} SELECT s.id, s.run_id, s.key, ?, {_LAST_VALUE.format(series_id='?', bucket='?', top='?')}, ?, ?"
     f" FROM metric_series s WHERE s.id = ?{_ON_CONFLICT}"
 )
+_TYPES = ("integer", "bigint", "bigint", "float8", "float8")
 _MERGE_ALL = (
     f"{_INSERT} SELECT s.id, s.run_id, s.key, a.top,"
     f" {_LAST_VALUE.format(series_id='a.series_id', bucket='a.bucket', top='a.top')}, a.low, a.high"
-    f" FROM {chunks.arrays(('integer', 'bigint', 'bigint', 'float8', 'float8'))}"
+    f" FROM {chunks.arrays(_TYPES)}"
     f" AS a(series_id, top, bucket, low, high) JOIN metric_series s ON s.id = a.series_id{_ON_CONFLICT}"
 )
 
@@ -96,7 +97,7 @@ def merge(db: Session, written: Sequence[Written]) -> None:
     connection = db.connection()
     if connection.dialect.name == "postgresql":
         rows = [(s, top, top // TIERS[0], low, high) for s, top, low, high in added]
-        connection.exec_driver_sql(_MERGE_ALL, chunks.columns_of(rows))
+        connection.exec_driver_sql(_MERGE_ALL, chunks.columns_of(rows, _TYPES))
     else:
         each = [(top, s, top // TIERS[0], top, low, high, s) for s, top, low, high in added]
         connection.exec_driver_sql(_MERGE_ONE, each)

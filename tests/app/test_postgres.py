@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -21,6 +22,7 @@ from app.core.settings import Settings
 from app.main import create_app
 from app.schemas.metrics import BatchIn
 from app.services import metrics
+from app.store import chunks
 from app.store import metrics as metric_store
 from tests.app import (
     test_charts,
@@ -200,6 +202,20 @@ def test_batches_into_the_same_chunks_at_once_lose_nothing_on_postgresql(pg_clie
         logged = metric_store.points_after(db, run_id=run_id, after_id=0, limit=100_000)
     assert sorted(point.step for point in logged) == list(range(8000))
     assert [point.id for point in logged] == list(range(1, 8001))  # numbered in commit order, each once
+
+
+def test_rows_of_mixed_number_types_are_written_from_arrays_on_postgresql(pg_client: TestClient) -> None:
+    """Rows go to PostgreSQL as one binary array a column, which takes one Python type each: a float column that
+    holds ints and numpy's numbers, and an integer one of numpy's, are stored as given, not refused."""
+    sessions = pg_client.app.state.sessions  # type: ignore[attr-defined]
+    rows = [(1, np.int64(7), 2, np.float64(0.5), b"a"), (np.int32(2), 3_000_000_000, 4, None, b"\\x00")]
+    with sessions() as db, db.begin():
+        connection = db.connection()
+        connection.exec_driver_sql("CREATE TEMPORARY TABLE t (a integer, b bigint, c float8, d float8, e bytea)")
+        chunks.insert_many(connection, "INSERT INTO t (a, b, c, d, e) {rows}",
+                           ("integer", "bigint", "float8", "float8", "bytea"), rows, key=1)  # fmt: skip
+        stored = connection.exec_driver_sql("SELECT a, b, c, d, e FROM t ORDER BY a").all()
+    assert [tuple(row) for row in stored] == [(1, 7, 2.0, 0.5, b"a"), (2, 3_000_000_000, 4.0, None, b"\\x00")]
 
 
 # The supervisor's statements are built once and take their values at each tick (a LIMIT, an IN of statuses, a time):
