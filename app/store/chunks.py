@@ -26,9 +26,10 @@ first value and keeps the shuffled floats, byte for byte as before.
 Ingest appends (`write` with `append`): a post that adds steps after a chunk's last one adds them as raw records
 after its packed points, without unpacking or packing them again (a GPU node's post adds one point to each of ~90
 chunks, and that packing was a third of the server's CPU at 1,024 GPUs). Past TAIL_MAX records, or when a point
-lands before the chunk's last, the chunk is packed whole again; and the chunk before a (series, rank)'s new one is
-packed whole when that one starts, so a tail remains only on each (series, rank)'s newest chunk (and on an older
-one that points came late to).
+lands before the chunk's last, the chunk is packed whole again. A chunk starts as raw records alone; the chunk
+before it is packed whole when it first is (within TAIL_MAX points), or at once if it is records alone (a sparse
+series'), so a tail remains only on each (series, rank)'s two newest chunks (and on an older one that points came
+late to).
 
 numpy is imported by the functions that use it, not at import: it was a tenth of an idle server's memory, and a
 server that only serves pages never needs it.
@@ -69,9 +70,11 @@ TAILED = 0x02
 RECORDS = 0x03
 # A raw record: the step (int64), the value and the time (float64), little-endian.
 RECORD = struct.Struct("<qdd")
-# The most records a chunk's tail holds before the chunk is packed whole again: a tail costs 24 bytes a point where
-# a packed sample costs ~3, and packing 64 points costs about what packing one does (numpy's cost per call).
-TAIL_MAX = 16
+# The most records a chunk's tail holds before the chunk is packed whole again (`tail_max`: up to STAGGER less, by
+# the chunk): a tail costs 24 bytes a point where a packed sample costs ~3, and packing 64 points costs about what
+# packing one does (numpy's cost per call). A chunk starts as records alone.
+TAIL_MAX = 20
+STAGGER = 8  # `tail_max`
 # The most decimal digits a sample's values may have: NVML's milliwatts as watts.
 MAX_DECIMALS = 3
 ChunkKey = tuple[int, int, int]  # (series_id, chunk, rank)
@@ -387,10 +390,11 @@ def write(
     """
     incoming = _by_chunk(columns)
     stored = _read_rows(db, incoming.keys(), _SAME_CHUNK)
-    # The chunk before each new one takes no more appends: packed whole, if it has a tail, or as it is written.
     before = _read_rows(db, [key for key in incoming if key not in stored], _CHUNK_BEFORE) if append else {}
     unpacked: dict[ChunkKey, Column] = {}
     tails = _tails(incoming, stored, before, unpacked) if append else {}
+    if append:
+        before = _packed_before(db, incoming, stored, tails, before)
     written, rows = [], []
     for key, new in incoming.items():
         row, old = stored.get(key), unpacked.get(key)
@@ -406,11 +410,30 @@ def write(
         written.append(Written(key[0], key[2], merged, added))
         rows.append((*key, len(merged.steps), float(merged.times.min()), encode(*merged.columns(), samples=samples)))
     for key, row in before.items():
-        if row.data[0] == TAILED and key not in incoming:
+        if key not in incoming:
             rows.append((*key, row.n, row.first_time, encode(*decode(row.data, row.n).columns(), samples=samples)))
     if rows:
         insert_many(db.connection(), _UPSERT, _UPSERT_TYPES, rows, key=3)
     return written
+
+
+def _packed_before(
+    db: Session,
+    incoming: Mapping[ChunkKey, Column],
+    stored: Mapping[ChunkKey, _Row],
+    tails: Mapping[ChunkKey, object],
+    before: Mapping[ChunkKey, _Row],
+) -> dict[ChunkKey, _Row]:
+    """The chunks before the new ones (`before`, read) and before those packed whole for the first time, to be packed
+    whole now: each takes no more appends. One with a tail, once the chunk after it is first packed whole: a job's
+    series all start a chunk in the same second, and packing all the chunks before them at once was twice the CPU
+    of the seconds around it (bench/big_job.py); `tail_max` staggers the first packing. One that is records alone
+    (a series too sparse to fill a tail) at once."""
+    whole = [key for key in incoming if key not in tails and stored.get(key, _NEW).data[0] == RECORDS]
+    found = {**before, **_read_rows(db, [key for key in whole if key in stored], _CHUNK_BEFORE)}
+    firsts = {(series, rank) for series, _chunk, rank in whole}
+    return {key: row for key, row in found.items()
+            if row.data[0] == RECORDS or (row.data[0] == TAILED and (key[0], key[2]) in firsts)}  # fmt: skip
 
 
 _UPSERT = (
@@ -448,32 +471,48 @@ class _Row(NamedTuple):
     data: bytes
 
 
+_NEW = _Row(0, math.inf, bytes((RECORDS,)))  # a chunk not stored yet: it starts as records
+
+
+def tail_max(key: ChunkKey) -> int:
+    """The most records `key`'s chunk holds before it is packed whole: TAIL_MAX less up to STAGGER - 1, by the
+    (series, rank). A GPU node's series all take a point a second, at the same steps: with one limit for all, every
+    chunk of a 1,024-GPU job was packed again in the same second, twice the CPU of the seconds around it, and held
+    the p99 of a post (bench/big_job.py)."""
+    series_id, _chunk, rank = key
+    return TAIL_MAX - (series_id * 3 + rank) % STAGGER
+
+
 def _tails(
     incoming: Mapping[ChunkKey, Column],
     stored: Mapping[ChunkKey, _Row],
     before: Mapping[ChunkKey, _Row],
     unpacked: dict[ChunkKey, Column],
 ) -> dict[ChunkKey, tuple[int, float, bytes]]:
-    """Each stored chunk's row (its points' count, first time, and blob with its new points as records after its
-    last) where they all come after it, its tail stays within TAIL_MAX and it is not `before` a new chunk; a chunk
-    packed whole is unpacked to know (once per TAIL_MAX appends), into `unpacked`. The records and first times of all
+    """Each chunk's row (its points' count, first time, and blob with its new points as records after its last)
+    where they all come after it, its tail stays within `tail_max` and it is not `before` a new chunk; a new chunk's
+    as records alone, within the same; a chunk packed whole is unpacked to know (once per `tail_max` appends), into
+    `unpacked`. The records and first times of all
     made at once: numpy's cost is per call, and a sampler's chunk gains a point a post (bench/big_job.py)."""
     import numpy as np
 
     heads: dict[ChunkKey, bytes] = {}
     for key, new in incoming.items():
-        row = stored.get(key)
-        if row is None or key in before:
+        if key in before:
             continue
+        row = stored.get(key, _NEW)
         if row.data[0] == TAILED:
             (size,) = struct.unpack_from("<I", row.data, 1)
-            kept = (len(row.data) - 5 - size) // RECORD.size
-            last = RECORD.unpack_from(row.data, len(row.data) - RECORD.size)[0]
+            head, kept = row.data, (len(row.data) - 5 - size) // RECORD.size
+        elif row.data[0] == RECORDS:
+            head, kept = row.data, (len(row.data) - 1) // RECORD.size
         else:
             unpacked[key] = decode(row.data, row.n)
-            kept, last = 0, int(unpacked[key].steps[-1])
-        if kept + len(new.steps) <= TAIL_MAX and new.steps[0] > last:
-            heads[key] = row.data if kept else bytes((TAILED,)) + struct.pack("<I", len(row.data)) + row.data
+            head, kept = bytes((TAILED,)) + struct.pack("<I", len(row.data)) + row.data, 0
+        last = (RECORD.unpack_from(row.data, len(row.data) - RECORD.size)[0] if kept
+                else int(unpacked[key].steps[-1]) if key in unpacked else -1)  # fmt: skip
+        if kept + len(new.steps) <= tail_max(key) and new.steps[0] > last:
+            heads[key] = head
     if not heads:
         return {}
     news = [incoming[key] for key in heads]
@@ -484,7 +523,7 @@ def _tails(
     starts = [end - size for end, size in zip(ends, sizes, strict=True)]
     firsts = np.minimum.reduceat(times, starts).tolist()
     cut = zip(heads.items(), firsts, starts, ends, strict=True)
-    return {key: (stored[key].n + end - start, min(stored[key].first_time, first),
+    return {key: (stored.get(key, _NEW).n + end - start, min(stored.get(key, _NEW).first_time, first),
                   head + data[start * RECORD.size : end * RECORD.size])
             for (key, head), first, start, end in cut}  # fmt: skip
 

@@ -7,8 +7,9 @@ Ingest appends a post's points after a chunk's packed ones as raw records (app.s
 unpacking and packing the chunk again, and logs new points for live pages as raw records (RECORDS). No table
 changes: upgrading marks the store as holding blobs a server before this revision cannot read, which then refuses
 the store instead of failing on its first chart. Downgrade packs each such chunk whole (samples where its values
-allow, else shuffled floats: both read at 0023) and writes the log's records as shuffled floats, through the code
-that ingest uses (as 0015 does), PAGE rows at a time in its one transaction.
+allow, else shuffled floats: both read at 0023), and each chunk of records alone (ingest starts a chunk so since
+issue 39; a server of 0024 on reads it as any other), and writes the log's records as shuffled floats, through the
+code that ingest uses (as 0015 does), PAGE rows at a time in its one transaction.
 """
 
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     _rewrite("metric_chunks", ("series_id", "chunk", "rank"), chunks.TAILED, samples=True)
+    _rewrite("metric_chunks", ("series_id", "chunk", "rank"), chunks.RECORDS, samples=True)
     _rewrite("metric_recent", ("id",), chunks.RECORDS, samples=False)
 
 

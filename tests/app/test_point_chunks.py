@@ -23,7 +23,7 @@ from app.main import create_app
 from app.store import charts as chart_store
 from app.store import chunks
 from app.store import metrics as metric_store
-from tests.app.conftest import post, running_run
+from tests.app.conftest import post, running_run, series
 from tests.app.test_charts import assert_exact, same
 
 BEFORE = "0013_goodput"
@@ -269,6 +269,32 @@ def test_samples_sent_are_stored_as_samples_and_read_back_bit_for_bit(client: Te
     )
 
 
+def test_a_chunk_starts_as_records_and_the_one_before_is_packed_once_the_newest_is(client: TestClient) -> None:
+    """One point a post, as a sampler posts: a (series, rank)'s new chunk starts as raw records; the chunk before it
+    keeps its tail until the new one is first packed whole (each series at its own count, so that a big job's
+    chunks are not all packed in one second), and a chunk too sparse ever to be packed so is packed once the next
+    starts. Every point reads back all the while."""
+    run_id, sent = running_run(client), {"gpu/util": list(range(64 + 6)), "loss": list(range(0, 200, 10))}
+    for i in range(max(len(steps) for steps in sent.values())):
+        columns = [{"key": key, "rank": 0, "steps": steps[i : i + 1], "values": [float(i)], "times": [1.7e9 + i]}
+                   for key, steps in sent.items() if i < len(steps)]  # fmt: skip
+        post(client, run_id, {"columns": columns})
+
+    def kinds() -> dict[tuple[str, int], int]:
+        with client.app.state.sessions() as db:  # type: ignore[attr-defined]
+            return {(key, chunk): data[0] for (key, chunk, _rank), (_n, data) in chunk_rows(db).items()}
+
+    packed = (chunks.SAMPLES, chunks.SHUFFLED)
+    assert kinds()[("gpu/util", 0)] == chunks.TAILED and kinds()[("gpu/util", 1)] == chunks.RECORDS
+    assert kinds()[("loss", 2)] == chunks.RECORDS and all(kinds()[("loss", chunk)] in packed for chunk in range(2))
+    for step in range(64 + 6, 64 + chunks.TAIL_MAX + 1):
+        post(client, run_id, {"columns": [{"key": "gpu/util", "rank": 0, "steps": [step], "values": [1.0],
+                                           "times": [1.7e9 + step]}]})  # fmt: skip
+    assert kinds()[("gpu/util", 0)] in packed and kinds()[("gpu/util", 1)] == chunks.TAILED
+    assert [step for step, _rank, _value in series(client, run_id, "gpu/util")] == list(range(64 + chunks.TAIL_MAX + 1))
+    assert [step for step, _rank, _value in series(client, run_id, "loss")] == sent["loss"]
+
+
 def stored_and_logged(
     db: Session, run_id: int, *, by_series: bool = False
 ) -> tuple[dict[str, Any], list[metric_store.StoredPoint]]:
@@ -300,17 +326,17 @@ def logged_by_series(db: Session, run_id: int) -> list[metric_store.StoredPoint]
 def assert_tails_are_packed_whole_going_back(settings: Settings) -> None:
     """A store that ingest appended raw records to (one sample a key a post, as a GPU node's), taken back to 0023:
     every chunk and log row as a server of 0023 reads them, with the same points; and forward again."""
-    url, sent = settings.sqlalchemy_url, sample_points(random.Random(3), 200)
+    url, sent = settings.sqlalchemy_url, sample_points(random.Random(3), 150)  # the newest chunks: 10 records each
     with TestClient(create_app(settings)) as client:
         run_id = running_run(client)
-        for i in range(200):
+        for i in range(150):
             columns = [{"key": key, "rank": 0, "steps": steps[i : i + 1], "values": [wire.encode_value(values[i])],
                         "times": times[i : i + 1]} for key, (steps, values, times) in sent.items()]  # fmt: skip
             post(client, run_id, {"columns": columns})
         with client.app.state.sessions() as db:  # type: ignore[attr-defined]
             kinds = set(db.scalars(text("SELECT substr(data, 1, 1) FROM metric_chunks")))
             before = stored_and_logged(db, run_id)
-    assert bytes((chunks.TAILED,)) in kinds and before[1]
+    assert {bytes((chunks.TAILED,)), bytes((chunks.RECORDS,))} <= kinds and before[1]
     engine = make_engine(url)
     for revision, log_kind in (("0023_run_costs", chunks.SHUFFLED), ("head", metric_store.LOGGED)):
         (downgrade if revision != "head" else upgrade)(alembic_config(url), revision)
