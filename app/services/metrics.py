@@ -25,6 +25,7 @@ from app.services.lifecycle import transitions
 from app.store import charts as chart_store
 from app.store import chunks
 from app.store import metrics as metric_store
+from app.store import ranks as rank_store
 from app.store import runs as run_store
 from app.store import summaries as summary_store
 from app.store.metrics import SeriesIds, SeriesKeys, SeriesPoint, StoredPoint
@@ -138,6 +139,7 @@ class _Group:
         self.runs: dict[int, Run] = {}
         self.tokens: dict[tuple[int, str], bool] = {}
         self.written: dict[int, list[chunks.Written]] = {}  # by run
+        self.beats: dict[tuple[int, int], tuple[str, int]] = {}  # (run, rank): (host, step), the last said
         self.new_series: SeriesKeys = {}  # found or made by this transaction: kept once it commits
 
     def take(self, posts: Sequence[Post]) -> list[Outcome]:
@@ -146,6 +148,7 @@ class _Group:
         metric_store.lock_runs(self.db, {post.run_id for post in posts})
         with self.db.no_autoflush:  # each post's progress moves its run: the run's row is written once, at the commit
             outcomes = self._all(posts)
+        rank_store.upsert_heartbeats(self.db, self.beats, at=utcnow())  # one statement, not one a post
         written = {run_id: chunks.combined(run_written) for run_id, run_written in self.written.items()}
         _refresh(self.db, [chunk for run_written in written.values() for chunk in run_written])
         metric_store.log_recent(self.db, written)  # last: on PostgreSQL its lock is then held only to the commit
@@ -193,7 +196,9 @@ class _Group:
     def _said(self, taken: _Taken, stored: int) -> IngestResult:
         """What the post says of its run (its nodes, progress and endings) taken, and its answer."""
         run, batch, joins = taken.run, taken.post.batch, kind(taken.run.launcher).joins
-        nodes.record(self.db, run=run, node=batch.node, heartbeats=batch.all_heartbeats)
+        if batch.node is not None:
+            nodes.record(self.db, run=run, node=batch.node)
+        self.beats |= {(run.id, beat.rank): (beat.host, beat.step) for beat in batch.all_heartbeats}
         _apply_progress(self.db, run, batch)
         for ending in batch.all_endings if joins else ():
             external.ended(self.db, run, ending)

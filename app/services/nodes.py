@@ -1,30 +1,23 @@
-"""What a run's nodes and ranks say about themselves on their batches: GPU inventories and per-rank heartbeats."""
+"""What a run's nodes and ranks say about themselves on their batches: GPU inventories, and the ranks' heartbeats as
+read back (ingest writes them: app.services.metrics)."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 from sqlalchemy.orm import Session
 
 from app.core.errors import RunNotFound
-from app.core.models import Run, utcnow
+from app.core.models import Run
 from app.schemas.health import RankOut
-from app.schemas.metrics import HeartbeatIn, NodeIn
+from app.schemas.metrics import NodeIn
 from app.store import ranks as rank_store
 from app.store import runs as run_store
 
 
-def record(db: Session, *, run: Run, node: NodeIn | None, heartbeats: Sequence[HeartbeatIn]) -> None:
-    """Keeps a node's inventory in `run.gpus` (one entry per host) and upserts each rank's heartbeat, all in one
-    statement; inside ingest's transaction."""
-    if node is not None:
-        # Two nodes' batches may land at once: lock the row, or one node's inventory would overwrite the other's.
-        run_store.reread_locked(db, run, "gpus")
-        run.gpus = merge_node(run.gpus, node.model_dump())
-    if heartbeats:
-        rank_store.upsert_heartbeats(
-            db, run_id=run.id, beats=[(beat.rank, beat.host, beat.step) for beat in heartbeats], at=utcnow()
-        )
+def record(db: Session, *, run: Run, node: NodeIn) -> None:
+    """Keeps a node's inventory in `run.gpus` (one entry per host); inside ingest's transaction."""
+    # Two nodes' batches may land at once: lock the row, or one node's inventory would overwrite the other's.
+    run_store.reread_locked(db, run, "gpus")
+    run.gpus = merge_node(run.gpus, node.model_dump())
 
 
 def ranks(db: Session, *, run_id: int) -> list[RankOut]:

@@ -414,7 +414,12 @@ class _Highest:
 
 
 def _highest_steps(connection: Connection, series_ids: Sequence[int]) -> dict[int, int]:
-    """Each series' highest stored step, from its summary; a series without points has none."""
+    """Each series' highest stored step, from its summary; a series without points has none. On PostgreSQL from an
+    array, so that the statement's text is the same for any number of series (the driver parsed each list of
+    markers anew: 6% of a big job's group there)."""
+    if connection.dialect.name == "postgresql":
+        query = "SELECT series_id, last_step FROM metric_summaries WHERE series_id = ANY(%b::integer[])"
+        return dict(connection.exec_driver_sql(query, (list(map(int, series_ids)),)).all())
     marker, found = chunks.marker(connection), dict[int, int]()
     for start in range(0, len(series_ids), SPANS_PER_STATEMENT):
         part = series_ids[start : start + SPANS_PER_STATEMENT]

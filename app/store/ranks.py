@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from datetime import datetime
 
 from sqlalchemy import Insert, Table, bindparam, case, func, select, update
@@ -14,13 +15,14 @@ from app.core.models import RunRank
 RANKS: Table = RunRank.__table__  # type: ignore[assignment]
 
 
-def upsert_heartbeats(db: Session, *, run_id: int, beats: list[tuple[int, str, int]], at: datetime) -> None:
-    """Records that each (rank, host, step) of the run was there at `at`, replacing what each said before: one
-    executemany upsert, whatever the number of ranks (a node's relay brings them all in one batch)."""
-    # One row per rank: PostgreSQL refuses a statement that would update one row twice. The last word wins.
-    rows = {rank: {"run_id": run_id, "rank": rank, "host": host, "step": step, "heartbeat_at": at}
-            for rank, host, step in beats}  # fmt: skip
-    db.execute(_upsert(db.get_bind().dialect.name), list(rows.values()))
+def upsert_heartbeats(db: Session, beats: Mapping[tuple[int, int], tuple[str, int]], *, at: datetime) -> None:
+    """Records that each (run, rank): (host, step) was there at `at`, replacing what each said before: one
+    executemany upsert, whatever the number of ranks and runs (an ingest group's posts bring them all). One row per
+    (run, rank), as a mapping has: PostgreSQL refuses a statement that would update one row twice."""
+    rows = [{"run_id": run_id, "rank": rank, "host": host, "step": step, "heartbeat_at": at}
+            for (run_id, rank), (host, step) in beats.items()]  # fmt: skip
+    if rows:
+        db.execute(_upsert(db.get_bind().dialect.name), rows)
 
 
 @functools.cache

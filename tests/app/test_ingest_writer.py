@@ -173,18 +173,25 @@ def test_posts_of_one_group_that_repeat_each_others_points_keep_the_first_value_
 
 def test_one_group_keeps_what_each_of_its_posts_said_of_the_run(client: TestClient) -> None:
     # The group writes its run's row once, at the commit: a node's inventory or a step must not be lost to the next
-    # post's reread of the row.
-    run_id = running_run(client, "nodes")
+    # post's reread of the row. Its ranks' heartbeats too are written once, each rank's last word.
+    run_id, other = running_run(client, "nodes"), running_run(client, "other")
     sessions = client.app.state.sessions  # type: ignore[attr-defined]
     posts = [Post(run_id, TOKEN, BatchIn.model_validate({
         "points": [{"key": "loss", "step": step, "value": 1.0, "time": 1.0}],
         "node": wire.Node(host, (wire.Gpu(0, f"GPU-{host}", "NVIDIA H100"),)).to_json(),
-    })) for step, host in ((5, "node-a"), (6, "node-b"))]  # fmt: skip
+        "heartbeats": [{"rank": rank, "host": host, "step": step} for rank in ranks],
+    })) for step, host, ranks in ((5, "node-a", (0, 1)), (6, "node-b", (0,)))]  # fmt: skip
+    posts.append(Post(other, TOKEN, BatchIn.model_validate({"heartbeats": [{"rank": 0, "host": "node-c", "step": 9}]})))
     with sessions() as db:
         outcomes = metrics.ingest_group(db, posts)
-    assert [outcome.stored for outcome in outcomes] == [1, 1]  # type: ignore[union-attr]
+    assert [outcome.stored for outcome in outcomes] == [1, 1, 0]  # type: ignore[union-attr]
     run = client.get(f"/api/runs/{run_id}").json()
     assert [node["host"] for node in run["gpus"]] == ["node-a", "node-b"] and run["step"] == 6
+
+    def ranks(run_id: int) -> list[tuple[int, str, int]]:
+        return [(rank["rank"], rank["host"], rank["step"]) for rank in client.get(f"/api/runs/{run_id}/ranks").json()]
+
+    assert ranks(run_id) == [(0, "node-b", 6), (1, "node-a", 5)] and ranks(other) == [(0, "node-c", 9)]
 
 
 def test_a_group_logs_one_row_per_run_and_each_live_page_reads_its_own_runs_points_from_any_cursor(
