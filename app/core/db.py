@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core import pg_arrays
 from app.core.errors import SchemaMismatch
 
 if TYPE_CHECKING:
@@ -31,7 +32,10 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, pool_pre_ping=True)
+    if engine.dialect.driver == "psycopg":
+        event.listen(engine, "connect", pg_arrays.register)
+    return engine
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

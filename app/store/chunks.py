@@ -49,6 +49,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.orm import Session
 
+from app.core import pg_arrays
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -360,20 +362,10 @@ def arrays(types: Sequence[str]) -> str:
     return f"unnest({', '.join(f'%b::{type_}[]' for type_ in types)})"
 
 
-def columns_of(rows: Sequence[Sequence[Any]], types: Sequence[str]) -> tuple[list[Any], ...]:
-    """`rows` as one list per column, for `arrays(types)`: each of one Python type, as the binary format needs (a
-    float8 column may hold ints, and numpy's numbers)."""
+def columns_of(rows: Sequence[Sequence[Any]], types: Sequence[str]) -> tuple[Any, ...]:
+    """`rows` as one array parameter per column, for `arrays(types)` (app.core.pg_arrays)."""
     columns = zip(*rows, strict=True) if rows else ([] for _ in types)
-    return tuple(_typed(column, _PYTHON[type_]) for column, type_ in zip(columns, types, strict=True))
-
-
-_PYTHON: dict[str, type | None] = {"integer": int, "bigint": int, "float8": float, "bytea": None}
-
-
-def _typed(column: Sequence[Any], python: type | None) -> list[Any]:
-    if python is None or all(type(value) is python for value in column):
-        return list(column)
-    return [value if value is None else python(value) for value in column]
+    return tuple(pg_arrays.column(column, type_) for column, type_ in zip(columns, types, strict=True))
 
 
 def write(

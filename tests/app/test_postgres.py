@@ -205,17 +205,25 @@ def test_batches_into_the_same_chunks_at_once_lose_nothing_on_postgresql(pg_clie
 
 
 def test_rows_of_mixed_number_types_are_written_from_arrays_on_postgresql(pg_client: TestClient) -> None:
-    """Rows go to PostgreSQL as one binary array a column, which takes one Python type each: a float column that
-    holds ints and numpy's numbers, and an integer one of numpy's, are stored as given, not refused."""
+    """Rows go to PostgreSQL as one binary array a column (app.core.pg_arrays): a float column that holds ints and
+    numpy's numbers, an integer one of numpy's, and either with a NULL, are stored as given, not refused."""
     sessions = pg_client.app.state.sessions  # type: ignore[attr-defined]
-    rows = [(1, np.int64(7), 2, np.float64(0.5), b"a"), (np.int32(2), 3_000_000_000, 4, None, b"\\x00")]
+    rows = [
+        (1, np.int64(7), 2, np.float64(0.5), b"a"),
+        (np.int32(2), 3_000_000_000, 4, None, b"\\x00"),
+        (3, None, np.int64(5), 1, None),
+    ]
     with sessions() as db, db.begin():
         connection = db.connection()
         connection.exec_driver_sql("CREATE TEMPORARY TABLE t (a integer, b bigint, c float8, d float8, e bytea)")
         chunks.insert_many(connection, "INSERT INTO t (a, b, c, d, e) {rows}",
                            ("integer", "bigint", "float8", "float8", "bytea"), rows, key=1)  # fmt: skip
         stored = connection.exec_driver_sql("SELECT a, b, c, d, e FROM t ORDER BY a").all()
-    assert [tuple(row) for row in stored] == [(1, 7, 2.0, 0.5, b"a"), (2, 3_000_000_000, 4.0, None, b"\\x00")]
+    assert [tuple(row) for row in stored] == [
+        (1, 7, 2.0, 0.5, b"a"),
+        (2, 3_000_000_000, 4.0, None, b"\\x00"),
+        (3, None, 5.0, 1.0, None),
+    ]
 
 
 # The supervisor's statements are built once and take their values at each tick (a LIMIT, an IN of statuses, a time):
