@@ -7,8 +7,8 @@ writer never waits for another, and one commit carries many batches; each batch 
 runs' posts, grouping in the same way. The batches are parsed before they come here, on the ingest threads.
 
 A group's own cost (its transaction, its lookups, its commit) was about a fifth of a one-post group's: when several
-senders post at once (a job's nodes, each on its connection), a group waits up to LINGER_S for the posts of those
-that posted within RECENT_S (bench/big_job.py). A sender posting alone, one post after the other, never waits.
+senders post at once (a job's nodes, each on its connection), a group waits up to LINGER_S (by database) for the posts
+of those that posted within RECENT_S (bench/big_job.py). A sender posting alone, one post after the other, never waits.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ from app.workers.ingest_threads import lower_this_thread
 
 GROUP = 256  # batches in one transaction at most: a commit's latency stays bounded when a backlog drains
 WRITERS = {"sqlite": 1, "postgresql": 4}
-LINGER_S = 0.02  # how long after its first post a group waits for other senders' posts
+# How long after its first post a group waits for other senders' posts. Longer on PostgreSQL, where a group's own
+# statements cost more: at 128x8 with 2 workers, 50 ms took the server from 0.57 to 0.49 of a core (p99 55 -> 90
+# ms); on SQLite it saved nothing measurable (0.45 either way, bench/big_job.py).
+LINGER_S = {"sqlite": 0.02, "postgresql": 0.05}
 RECENT_S = 0.1  # the senders that posted within this long are those a group waits for
 
 
@@ -62,16 +65,17 @@ class _Senders:
 
 
 class _Lane:
-    """One writer thread's posts: a queue, and the senders lately seen on it."""
+    """One writer thread's posts: a queue, and the senders lately seen on it; a group waits up to `linger` seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, linger: float) -> None:
         self.queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.senders = _Senders()
+        self.linger = linger
 
     def gathered(self, first: _Job) -> list[_Job]:
         """`first` and the posts queued since; and until every sender that posted lately has one in the group, those
-        that come within LINGER_S of `first`."""
-        group, deadline = [first], first.arrived + LINGER_S
+        that come within `linger` of `first`."""
+        group, deadline = [first], first.arrived + self.linger
         waiting = self.senders.recent(first.arrived) - {first.sender}
         while len(group) < GROUP:
             wait = deadline - time.monotonic() if waiting else 0.0
@@ -106,7 +110,7 @@ class IngestWriter:
             if self._threads:
                 return
             dialect = self._sessions.kw["bind"].dialect.name
-            self._lanes = [_Lane() for _ in range(WRITERS.get(dialect, 1))]
+            self._lanes = [_Lane(LINGER_S.get(dialect, LINGER_S["sqlite"])) for _ in range(WRITERS.get(dialect, 1))]
             self._threads = [
                 threading.Thread(target=self._run, args=(lane,), name=f"rankboard-ingest-writer-{n}", daemon=True)
                 for n, lane in enumerate(self._lanes)

@@ -302,7 +302,7 @@ def stored_points(db: Session, run_id: int) -> dict[tuple[str, int, int], tuple[
 
 
 def gathered(lane: ingest_writer._Lane, first: ingest_writer._Job) -> list[ingest_writer._Job]:
-    """The writer's group that starts with `first`: fails rather than hang, should it wait its whole LINGER_S."""
+    """The writer's group that starts with `first`: fails rather than hang, should it wait its whole linger."""
     group: list[ingest_writer._Job] = []
     thread = threading.Thread(target=lambda: group.extend(lane.gathered(first)), daemon=True)
     thread.start()
@@ -311,11 +311,8 @@ def gathered(lane: ingest_writer._Lane, first: ingest_writer._Job) -> list[inges
     return group
 
 
-def test_a_group_waits_for_other_senders_posting_at_once_and_never_for_a_lone_or_gone_one(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(ingest_writer, "LINGER_S", 600.0)  # a wait to its end would hang: `gathered` says so
-    lane = ingest_writer._Lane()
+def test_a_group_waits_for_other_senders_posting_at_once_and_never_for_a_lone_or_gone_one() -> None:
+    lane = ingest_writer._Lane(linger=600.0)  # a wait to its end would hang: `gathered` says so
     batch = BatchIn.model_validate({"points": []})
 
     def job(sender: str) -> ingest_writer._Job:
