@@ -110,6 +110,21 @@ server at 0.66-0.67 and PostgreSQL at 0.49 of a core. Four writers a process had
 waiting on the others' hold of the run (a quarter of a writer's wall time in the wait, py-spy --idle). The largest
 job within p99 250 ms and 0.5 of a core on PostgreSQL with 2 workers is now 64x8 (p99 194 ms, 51 ms after 5 s;
 server 0.43, PostgreSQL 0.29 of a core); 96x8 holds p99 119 ms after the first 5 s but takes 0.56 of a core.
+
+Then (2026-11-28, issue 39's seventh step: on PostgreSQL the chunk keys read and every column of numbers sent as
+binary arrays (app.core.pg_arrays), where the driver parsed a list of 17,000 markers anew and wrote each number
+through a regular expression; a new chunk started as raw records, each (series, rank)'s tail limit staggered and
+the chunk before packed when the new one first is, where a job's ~11,000 chunks were all packed in the same second
+at each chunk boundary and each full tail; a group's heartbeats in one statement; a group lingering 50 ms on
+PostgreSQL), 64 s runs, before = 2d9ce36 from a worktree, alternated, load 1.1-2.6. In-process, the PostgreSQL
+writer's own CPU at groups of 8: 4.16 -> 1.5 ms a post. PostgreSQL 128x8, 2 workers, page open, two runs a side:
+ingest p99 after the first 5 s 801-911 -> 99-138 ms; server CPU 0.69-0.70 -> 0.48-0.54 of a core; PostgreSQL's own
+0.55-0.57 -> 0.48-0.54; point-to-page p99 1.73-1.90 -> 1.29-1.35 s; all stored. One worker (after): p99 102 ms,
+0.37 of a core. 160x8 with 2 workers goes past the limits (p99 876 ms; PostgreSQL 0.60 and the server 0.55 of the
+machine's 2 cores). SQLite 128x8, page open, two a side: server CPU 0.46-0.47 -> 0.40-0.41, p99 61-100 -> 43-44 ms,
+point-to-page p99 1.05 -> 1.04 s. The p99 had been each boundary's seconds: at a step that is a multiple of 64 every
+chunk started at once, the second after each was unpacked to take its first tail, and every 16 s all tails filled
+at once (in-process, those seconds' groups cost up to 2.3 times the others'; now 1.5 times, at the boundary only).
 """
 
 from __future__ import annotations
