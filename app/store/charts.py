@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
+from app.core import pg_arrays
 from app.store import chunks
 
 if TYPE_CHECKING:
@@ -419,7 +420,7 @@ def _highest_steps(connection: Connection, series_ids: Sequence[int]) -> dict[in
     markers anew: 6% of a big job's group there)."""
     if connection.dialect.name == "postgresql":
         query = "SELECT series_id, last_step FROM metric_summaries WHERE series_id = ANY(%b::integer[])"
-        return dict(connection.exec_driver_sql(query, (list(map(int, series_ids)),)).all())
+        return dict(connection.exec_driver_sql(query, (pg_arrays.column(series_ids, "integer"),)).all())
     marker, found = chunks.marker(connection), dict[int, int]()
     for start in range(0, len(series_ids), SPANS_PER_STATEMENT):
         part = series_ids[start : start + SPANS_PER_STATEMENT]
